@@ -1,0 +1,193 @@
+"""``dcp-invariant``: run the suite, verify an artifact, list the scenarios.
+
+Exit codes: 0 success, 1 an invariant failed or an artifact is invalid (with every reason),
+2 bad input (one line naming the problem and the fix; nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dcp_invariant import __version__, schema
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input: exit 2 with this message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep the one-line form
+        raise UsageError(f"{message} (see dcp-invariant {self.prog.split()[-1]} --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="dcp-invariant",
+        description="Prove that PyTorch DCP resumes are exact and damaged checkpoints are never loaded.",
+    )
+    parser.add_argument("--version", action="version", version=f"dcp-invariant {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run the eleven scenarios and write an evidence artifact")
+    run.add_argument(
+        "--output-dir", required=True, type=Path, help="artifact directory (must not exist)"
+    )
+    run.add_argument(
+        "--source-revision",
+        help="40-hex revision of the code under test (default: $GITHUB_SHA, else git rev-parse HEAD)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds each worker group may take (default 180)",
+    )
+    verify = sub.add_parser("verify", help="verify an artifact offline (imports no torch)")
+    verify.add_argument("directory", nargs="?", type=Path, help="artifact directory")
+    verify.add_argument(
+        "--artifact-dir", type=Path, help="artifact directory (same as the positional)"
+    )
+    sub.add_parser("list", help="list the scenarios")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return {"run": _run, "verify": _verify, "list": _list}[args.command](args)
+    except UsageError as exc:
+        print(f"dcp-invariant: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _list(args: argparse.Namespace) -> int:
+    width = max(len(n) for n in schema.SCENARIO_NAMES)
+    for scenario in schema.SCENARIOS:
+        print(f"{scenario.name:<{width}}  {scenario.summary}")
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from dcp_invariant.verify import verify_artifact
+
+    if (
+        args.directory is not None
+        and args.artifact_dir is not None
+        and args.directory != args.artifact_dir
+    ):
+        raise UsageError("give the artifact directory once: positionally or with --artifact-dir")
+    directory = args.directory or args.artifact_dir
+    if directory is None:
+        raise UsageError("no artifact directory: dcp-invariant verify DIR")
+    if not directory.is_dir():
+        raise UsageError(
+            f"{directory} is not a directory: pass the directory `dcp-invariant run` wrote"
+        )
+    report = verify_artifact(directory)
+    for name in schema.SCENARIO_NAMES:
+        result = report.results.get(name)
+        if result is None:
+            print(f"INVALID  {name}")
+            continue
+        print(f"{result['verdict'].upper():<7}  {name}")
+        for reason in result["reasons"]:
+            print(f"         - {reason}")
+    for problem in report.problems:
+        print(f"invalid: {problem}")
+    if not report.valid:
+        print(f"verdict: invalid artifact ({len(report.problems)} problems)")
+        return EXIT_FAIL
+    failed = sum(r["verdict"] == "fail" for r in report.results.values())
+    print(
+        f"verdict: {'fail' if failed else 'pass'} ({len(report.results) - failed} passed, {failed} failed)"
+    )
+    return EXIT_OK if report.passed else EXIT_FAIL
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dcp_invariant import artifact, provenance, runner, runtimes
+
+    output: Path = args.output_dir
+    if output.exists() or output.is_symlink():
+        raise UsageError(
+            f"{output} already exists: choose a new --output-dir (nothing is overwritten)"
+        )
+    if not output.parent.is_dir():
+        raise UsageError(
+            f"{output.parent} does not exist: create it or choose another --output-dir"
+        )
+    timeout = runner.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    revision = _source_revision(args.source_revision)
+
+    def progress(done: runner.Finished) -> None:
+        print(
+            f"{done.verdict:<4}  {done.name:<24} {done.seconds:6.1f} s", file=sys.stderr, flush=True
+        )
+        for reason in done.reasons:
+            print(f"      - {reason}", file=sys.stderr)
+        if done.logs:
+            print(done.logs, file=sys.stderr)
+
+    try:
+        suite = runner.run_suite(timeout=timeout, on_finish=progress)
+    except runtimes.UnsupportedRuntime as exc:
+        raise UsageError(str(exc)) from exc
+    record = provenance.build(
+        source_revision=revision,
+        torch_distribution=suite.torch_distribution,
+        torch_runtime=suite.torch_runtime,
+        numpy=suite.numpy,
+    )
+    files = artifact.build(suite.observations, record)
+    artifact.write(output, files)
+    from dcp_invariant import canonical
+
+    summary = canonical.loads(files[schema.SUMMARY_FILE])
+    print(
+        f"{summary['verdict']}: {summary['passed']} passed, {summary['failed']} failed; evidence in {output}",
+        file=sys.stderr,
+    )
+    return EXIT_OK if summary["verdict"] == "pass" else EXIT_FAIL
+
+
+def _source_revision(given: str | None) -> str:
+    from dcp_invariant.provenance import valid_revision
+
+    if given is not None:
+        if not valid_revision(given):
+            raise UsageError(
+                f"--source-revision {given!r} is not a 40-character lowercase hex revision"
+            )
+        return given
+    env = os.environ.get("GITHUB_SHA", "")
+    if env:
+        if not valid_revision(env):
+            raise UsageError(
+                f"$GITHUB_SHA {env!r} is not a 40-hex revision: pass --source-revision"
+            )
+        return env
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        done = None
+    revision = done.stdout.strip() if done is not None and done.returncode == 0 else ""
+    if not valid_revision(revision):
+        raise UsageError(
+            "cannot tell which source revision is under test: pass --source-revision HEX40 "
+            "(or run inside a git checkout, or set GITHUB_SHA)"
+        )
+    return revision
+
+
+if __name__ == "__main__":
+    sys.exit(main())

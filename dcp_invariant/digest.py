@@ -1,0 +1,69 @@
+"""State digests: one SHA-256 per top-level component of an app's state dict, plus an aggregate.
+
+Tensors are hashed as (dtype, shape, raw bytes) so two states digest equal exactly when they
+are bit-identical; Python scalars are hashed by type and exact value (floats as ``float.hex``).
+Only workers import this module (it needs torch); the verifier compares the hex strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from dcp_invariant import canonical
+
+AGGREGATE = "aggregate"
+
+
+def component_digests(state: Mapping[str, Any]) -> dict[str, str]:
+    """Digest each top-level component and add ``aggregate`` over the sorted component digests."""
+    if AGGREGATE in state:
+        raise ValueError(f"a state component may not be named {AGGREGATE!r}: the name is reserved")
+    out = {name: value_digest(value) for name, value in state.items()}
+    out[AGGREGATE] = canonical.digest(sorted(out.items()))
+    return out
+
+
+def value_digest(value: Any) -> str:
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if hasattr(tensor, "full_tensor") and hasattr(tensor, "placements"):
+            # A DTensor digests as its global value, so shards at any world size compare equal.
+            tensor = tensor.full_tensor()
+        tensor = tensor.cpu().contiguous()
+        header = f"tensor:{tensor.dtype}:{list(tensor.shape)}:".encode()
+        h.update(header)
+        h.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, Mapping):
+        h.update(f"map:{len(value)}:".encode())
+        for key in sorted(value, key=repr):
+            h.update(f"{key!r}=".encode())
+            _feed(h, value[key])
+    elif isinstance(value, (list, tuple)):
+        h.update(f"{type(value).__name__}:{len(value)}:".encode())
+        for item in value:
+            _feed(h, item)
+    elif isinstance(value, bool) or value is None:
+        h.update(f"{value!r};".encode())
+    elif isinstance(value, int):
+        h.update(f"int:{value};".encode())
+    elif isinstance(value, float):
+        h.update(f"float:{value.hex()};".encode())
+    elif isinstance(value, str):
+        h.update(f"str:{len(value)}:{value};".encode())
+    elif isinstance(value, bytes):
+        h.update(f"bytes:{len(value)}:".encode() + value)
+    else:
+        raise TypeError(
+            f"cannot digest a {type(value).__name__} in a state dict; use tensors, numbers, "
+            "strings, bytes, lists or dicts"
+        )

@@ -1,0 +1,31 @@
+"""JUnit XML rendered from result records: one test case per scenario, no timings, no output."""
+
+from __future__ import annotations
+
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from dcp_invariant import schema
+
+
+def render(results: dict[str, dict[str, Any]]) -> bytes:
+    failures = sum(results[n]["verdict"] == "fail" for n in schema.SCENARIO_NAMES)
+    total = len(schema.SCENARIO_NAMES)
+    counts = f'tests="{total}" failures="{failures}" errors="0" skipped="0"'
+    lines = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<testsuites name="dcp-invariant" {counts}>',
+        f'  <testsuite name="dcp-invariant" {counts}>',
+    ]
+    for name in schema.SCENARIO_NAMES:
+        reasons = results[name]["reasons"]
+        head = f'    <testcase classname="dcp_invariant" name={quoteattr(name)}'
+        if not reasons:
+            lines.append(head + "/>")
+            continue
+        lines.append(head + ">")
+        body = escape("\n".join(reasons))
+        lines.append(f"      <failure message={quoteattr(reasons[0])}>{body}</failure>")
+        lines.append("    </testcase>")
+    lines += ["  </testsuite>", "</testsuites>", ""]
+    return "\n".join(lines).encode("utf-8")

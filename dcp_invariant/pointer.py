@@ -1,0 +1,104 @@
+"""The generation pointer: a small canonical record, replaced atomically or not at all.
+
+A "latest" pointer moved before its data was durable is a reported field failure
+(shared/README.md: KempnerForge #102), so the write order here is fixed: temp file in the same
+directory, flush, fsync, ``os.replace``, fsync of the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dcp_invariant import canonical
+
+SCHEMA = "dcp-invariant/pointer/1"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class PointerError(ValueError):
+    """A pointer file that exists but is not a valid pointer record."""
+
+
+@dataclass(frozen=True)
+class Pointer:
+    label: str
+    receipt_sha256: str
+    sequence: int
+
+    def encode(self) -> bytes:
+        return canonical.dumps(
+            {
+                "generation": self.receipt_sha256,
+                "label": self.label,
+                "schema": SCHEMA,
+                "sequence": self.sequence,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Pointer:
+        try:
+            record = canonical.loads(raw, what="pointer")
+        except canonical.CanonicalJSONError as exc:
+            raise PointerError(str(exc)) from exc
+        if not isinstance(record, dict) or set(record) != {
+            "generation",
+            "label",
+            "schema",
+            "sequence",
+        }:
+            raise PointerError(
+                "pointer: expected exactly the keys generation, label, schema, sequence"
+            )
+        if record["schema"] != SCHEMA:
+            raise PointerError(f"pointer: unknown schema {record['schema']!r}, expected {SCHEMA!r}")
+        gen, label, seq = record["generation"], record["label"], record["sequence"]
+        if not isinstance(gen, str) or not _HEX64.fullmatch(gen):
+            raise PointerError("pointer: generation must be a 64-hex receipt digest")
+        if (
+            not isinstance(label, str)
+            or not isinstance(seq, int)
+            or isinstance(seq, bool)
+            or seq < 1
+        ):
+            raise PointerError("pointer: label must be a string and sequence a positive integer")
+        return cls(label, gen, seq)
+
+
+def read(path: Path) -> Pointer | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return Pointer.decode(raw)
+
+
+def write(path: Path, pointer: Pointer) -> None:
+    """Replace ``path`` with ``pointer`` so a reader sees the old record or the new one, never a mix."""
+    data = pointer.encode()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable; Windows cannot open directories, and needs no call."""
+    if os.name == "nt":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

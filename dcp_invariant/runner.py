@@ -1,0 +1,123 @@
+"""Running the scenarios: one fork server, two scenarios at a time, the torchrun job first.
+
+The runner process itself never imports torch: a preloaded fork server does, once, and every
+worker is forked from it. The elastic scenario starts first because its torchrun job (a fresh
+agent and fresh workers, as torch launches them) is the longest path through the suite.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import rules, runtimes, schema
+from dcp_invariant.fixture import REGISTERED_FIXTURE
+from dcp_invariant.procs import WorkerPool
+from dcp_invariant.scenarios import DRIVERS
+from dcp_invariant.scenarios.common import ScenarioContext
+
+DEFAULT_TIMEOUT = 180.0
+PARALLEL = 2
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What the console hears about a scenario as it finishes (never written to evidence)."""
+
+    name: str
+    verdict: str
+    seconds: float
+    reasons: list[str]
+    logs: str
+
+
+@dataclass
+class SuiteRun:
+    observations: dict[str, dict[str, Any]]
+    torch_distribution: str
+    torch_runtime: str
+    numpy: str | None
+    seconds: dict[str, float]
+
+
+def installed_torch() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run_suite(
+    *,
+    names: Sequence[str] = schema.SCENARIO_NAMES,
+    fixture: str = REGISTERED_FIXTURE,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_finish: Callable[[Finished], None] | None = None,
+) -> SuiteRun:
+    """Run ``names`` and return their observations; raises UnsupportedRuntime before any work."""
+    distribution = installed_torch()
+    runtimes.require(distribution)
+    assert distribution is not None
+    order = sorted(names, key=lambda n: schema.BY_NAME[n].family != "elastic")
+    lock = threading.Lock()
+    observations: dict[str, dict[str, Any]] = {}
+    seconds: dict[str, float] = {}
+    pool = WorkerPool(timeout)
+    try:
+        with tempfile.TemporaryDirectory(prefix="dcp-invariant-") as tmp:
+            workspace = Path(tmp)
+            versions = _probe(pool, workspace / "probe")
+            runtimes.require(distribution, versions["torch"])
+
+            def one(name: str) -> None:
+                started = time.monotonic()
+                scenario = schema.BY_NAME[name]
+                workdir = workspace / name
+                workdir.mkdir()
+                ctx = ScenarioContext(scenario, pool, workdir, fixture)
+                obs = DRIVERS[scenario.family](ctx)
+                elapsed = time.monotonic() - started
+                reasons = rules.derive(name, obs)
+                logs = "" if not reasons else "\n".join(o.log_tail() for _, o in ctx.outcomes)
+                with lock:
+                    observations[name] = obs
+                    seconds[name] = elapsed
+                    if on_finish is not None:
+                        on_finish(
+                            Finished(name, "fail" if reasons else "pass", elapsed, reasons, logs)
+                        )
+
+            with ThreadPoolExecutor(
+                max_workers=PARALLEL, thread_name_prefix="scenario"
+            ) as executor:
+                for future in [executor.submit(one, name) for name in order]:
+                    future.result()
+    finally:
+        pool.close()
+    return SuiteRun(
+        observations={n: observations[n] for n in names},
+        torch_distribution=distribution,
+        torch_runtime=versions["torch"],
+        numpy=versions["numpy"],
+        seconds=seconds,
+    )
+
+
+def _probe(pool: WorkerPool, workdir: Path) -> dict[str, str]:
+    """torch.__version__ and NumPy's version, read in a worker: the runner must not import torch."""
+    workdir.mkdir()
+    outcome = pool.run_group(
+        "dcp_invariant.scenarios.tasks:runtime_versions", 1, workdir, "probe", {}
+    )
+    if not outcome.ok or not outcome.results:
+        raise RuntimeError(
+            f"a worker could not import torch (exit codes {outcome.exit_codes}):\n{outcome.log_tail()}"
+        )
+    return outcome.results[0]

@@ -1,0 +1,68 @@
+"""The torch runtimes dcp-invariant supports, as (installed distribution, ``torch.__version__``).
+
+The rendezvous-store digest is what the torchrun guard requires before it patches anything:
+``inspect.getsource`` of ``torch.distributed.elastic.rendezvous.c10d_rendezvous_backend.
+_create_tcp_store``, UTF-8, SHA-256 (shared/README.md, "PyTorch DCP facts").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Runtime:
+    distribution: str  # importlib.metadata.version("torch")
+    torch: str  # torch.__version__
+    create_tcp_store_bytes: int
+    create_tcp_store_sha256: str
+
+
+_TORCH_2_13 = ("ddecedb8b053ba2db6a1cfbbe27bdeedc70a1951716b7d603e20f90513e473b6", 2191)
+_TORCH_2_11 = ("488aee8200995402157248d051fc337c9dd02b77dc460ddb9abd2b5bf22bc19f", 2195)
+
+RUNTIMES: tuple[Runtime, ...] = (
+    # Measured here with the local 2.13.0 CPU wheel; the one the test suite runs.
+    Runtime("2.13.0+cpu", "2.13.0+cpu", _TORCH_2_13[1], _TORCH_2_13[0]),
+    # Registered by the original v0.2.0 release: wheels from PyPI and from the CPU index.
+    Runtime("2.11.0", "2.11.0+cpu", _TORCH_2_11[1], _TORCH_2_11[0]),
+    Runtime("2.11.0+cpu", "2.11.0+cpu", _TORCH_2_11[1], _TORCH_2_11[0]),
+)
+DEFAULT_TORCH_VERSION = "2.13.0"
+
+
+class UnsupportedRuntime(Exception):
+    """The installed torch is not one dcp-invariant has registered."""
+
+
+def find(distribution: str, torch_version: str) -> Runtime | None:
+    for runtime in RUNTIMES:
+        if (runtime.distribution, runtime.torch) == (distribution, torch_version):
+            return runtime
+    return None
+
+
+def registered_pairs() -> str:
+    return ", ".join(f"{r.distribution}/{r.torch}" for r in RUNTIMES)
+
+
+def require(distribution: str | None, torch_version: str | None = None) -> Runtime | None:
+    """Check what can be checked: the distribution alone, or the exact pair once torch is imported."""
+    if distribution is None:
+        raise UnsupportedRuntime(
+            "torch is not installed: install the pinned CPU runtime with "
+            "python -m pip install 'dcp-invariant[runtime]'"
+        )
+    if torch_version is None:
+        if any(r.distribution == distribution for r in RUNTIMES):
+            return None
+        installed = f"{distribution}/(not imported)"
+    else:
+        runtime = find(distribution, torch_version)
+        if runtime is not None:
+            return runtime
+        installed = f"{distribution}/{torch_version}"
+    raise UnsupportedRuntime(
+        f"unregistered torch runtime {installed} (distribution/torch.__version__); "
+        f"registered: {registered_pairs()}; install torch=={DEFAULT_TORCH_VERSION} from the CPU wheel index"
+    )

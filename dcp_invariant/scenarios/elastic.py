@@ -1,0 +1,169 @@
+"""elastic_restart_2_to_2: torchrun restarts a failed 2-rank job; it resumes the committed generation.
+
+The launch goes through torch's own launcher (``torch.distributed.run``), guarded by
+:mod:`dcp_invariant.torchrun.launch`, in its own process group so a timeout reaps the agent and
+every worker it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dcp_invariant
+from dcp_invariant import canonical, worker
+from dcp_invariant.receipt import ReceiptMismatch
+from dcp_invariant.rules import DYING_RANK, ELASTIC_ARGUMENTS, ELASTIC_EXIT_CODE
+from dcp_invariant.scenarios.common import (
+    STEPS_BEFORE_SAVE,
+    STORE_ROOT,
+    ScenarioContext,
+    training_saves,
+)
+from dcp_invariant.store import StoreError
+from dcp_invariant.torchrun import guard
+from dcp_invariant.torchrun.worker import MARKER_FILE
+
+LABEL = f"step-{STEPS_BEFORE_SAVE}"
+ATTESTATION_FILE = "guard.json"
+PAYLOAD_FILE = "torchrun-payload.json"
+LOG_FILE = "logs/torchrun.log"
+
+
+def run(ctx: ScenarioContext) -> dict[str, Any]:
+    sc = ctx.scenario
+    obs = ctx.base_observation()
+    obs.update(
+        fixture=ctx.fixture,
+        steps_before_save=STEPS_BEFORE_SAVE,
+        commit=None,
+        launcher=None,
+        failure_marker=None,
+        target=None,
+        after=None,
+    )
+    source = ctx.group(
+        "source",
+        "train_and_save",
+        sc.source_world_size,
+        {
+            "fixture": ctx.fixture,
+            "saves": training_saves(ctx, (LABEL, STEPS_BEFORE_SAVE)),
+            "reference_step": True,
+        },
+    )
+    obs["source"] = source.record()
+    if not source.ok:
+        return obs
+    obs["commit"] = ctx.commit(LABEL)
+    if not obs["commit"]["promoted"]:
+        return obs
+
+    exit_code, timed_out = _torchrun(ctx.workdir, ctx.fixture, ctx.pool.timeout)
+    attestation = ctx.workdir / ATTESTATION_FILE
+    obs["launcher"] = {
+        "arguments": list(ELASTIC_ARGUMENTS),
+        "exit_code": exit_code,
+        "timed_out": timed_out,
+        "guard": canonical.loads(attestation.read_bytes(), what=ATTESTATION_FILE)
+        if attestation.exists()
+        else None,
+    }
+    marker = ctx.workdir / MARKER_FILE
+    if marker.exists():
+        obs["failure_marker"] = canonical.loads(marker.read_bytes(), what=MARKER_FILE)
+    ranks = []
+    for rank in range(sc.target_world_size):
+        path = ctx.workdir / worker.result_path("elastic-attempt1", rank)
+        if path.exists():
+            record = canonical.loads(path.read_bytes(), what=path.name)
+            ranks.append({**record, "generation": ctx.intern("receipt", record["generation"])})
+    obs["target"] = {"ranks": ranks}
+    obs["after"] = _after(ctx, obs)
+    return obs
+
+
+def _after(ctx: ScenarioContext, obs: dict[str, Any]) -> dict[str, Any]:
+    """Re-resolve the pointer after the restart: same bytes, same receipt, no new generation."""
+    store = ctx.store
+    receipt = None
+    try:
+        receipt = ctx.intern("receipt", store.resolve().digest)
+    except (StoreError, ReceiptMismatch) as exc:
+        obs["errors"].append(f"post-restart: the committed generation no longer verifies: {exc}")
+    return {
+        "pointer": ctx.pointer_label(),
+        "receipt": receipt,
+        "generations": len(store.generation_names()),
+    }
+
+
+def _torchrun(workdir: Path, fixture: str, timeout: float) -> tuple[int, bool]:
+    payload = {
+        "dying_rank": DYING_RANK,
+        "exit_code": ELASTIC_EXIT_CODE,
+        "fixture": fixture,
+        "store": STORE_ROOT,
+        "timeout": timeout,
+    }
+    (workdir / PAYLOAD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+    command = [
+        sys.executable,
+        "-m",
+        "dcp_invariant.torchrun.launch",
+        *ELASTIC_ARGUMENTS,
+        "--monitor-interval=0.1",
+        "--module",
+        "dcp_invariant.torchrun.worker",
+        PAYLOAD_FILE,
+    ]
+    env = dict(os.environ)
+    env.update(worker.isolated_environment(workdir))
+    env[guard.ATTESTATION_ENV] = ATTESTATION_FILE
+    env[guard.SHARE_STORE_ENV] = "1"
+    # Workers are fresh interpreters: make sure they import this very package.
+    package_parent = str(Path(dcp_invariant.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    with open(workdir / LOG_FILE, "wb") as log:
+        proc = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            **_new_process_group(),
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            return proc.wait(), True
+        # The agent reaps its workers; this catches any it could not, so none outlive the run.
+        _kill_tree(proc)
+        return code, False
+
+
+def _new_process_group() -> dict[str, Any]:
+    if os.name == "nt":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    if os.name == "nt":
+        subprocess.run(
+            ["taskkill", "/F", "/T", "/PID", str(proc.pid)],
+            check=False,
+            capture_output=True,
+            timeout=30,
+        )
+    else:
+        with contextlib.suppress(ProcessLookupError):  # nothing left in the group
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,164 @@
+"""The commit protocol: candidates are sealed, promoted to immutable generations, loaded via the pointer.
+
+Layout under a store root::
+
+    candidates/<label>/                 DCP writes here
+    candidates/<label>.receipt.json     written by seal()
+    generations/<receipt sha256>/       a promoted candidate, files read-only
+    generations/<receipt sha256>.receipt.json
+    pointer.json                        names the current generation
+
+Peers commit by rename (orbax) or trust any directory holding ``.metadata`` (torchtitan); neither
+hashes content (shared/README.md, "How peers commit checkpoints"). Here nothing reaches the
+pointer, and nothing reaches ``dcp.load``, without matching its receipt byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from dcp_invariant import pointer, receipt
+from dcp_invariant.receipt import Failure, Receipt, ReceiptMismatch
+
+POINTER_FILE = "pointer.json"
+RECEIPT_SUFFIX = ".receipt.json"
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+class StoreError(Exception):
+    """A store operation that cannot proceed; the message says what to do."""
+
+
+class PromotionRefused(StoreError):
+    """A candidate whose files no longer match its receipt; it stays where it is."""
+
+    def __init__(self, label: str, failures: list[Failure]) -> None:
+        self.failures = failures
+        super().__init__(
+            f"refusing to promote {label}: "
+            + "; ".join(map(str, failures))
+            + "; the pointer was not moved"
+        )
+
+
+@dataclass(frozen=True)
+class Generation:
+    path: Path
+    receipt: Receipt
+
+    @property
+    def digest(self) -> str:
+        return self.receipt.digest
+
+
+class CheckpointStore:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.candidates = self.root / "candidates"
+        self.generations = self.root / "generations"
+        self.pointer_path = self.root / POINTER_FILE
+
+    def candidate(self, label: str) -> Path:
+        """The directory DCP should write a new checkpoint into."""
+        if not _LABEL.fullmatch(label):
+            raise StoreError(
+                f"invalid checkpoint label {label!r}: use letters, digits, '.', '_' or '-' (at most 100)"
+            )
+        return self.candidates / label
+
+    def seal(self, label: str) -> Receipt:
+        """Inventory a finished candidate and record its receipt beside it."""
+        sealed = receipt.seal(self.candidate(label), label)
+        _write_new(self.candidates / f"{label}{RECEIPT_SUFFIX}", sealed.encode())
+        return sealed
+
+    def promote(self, label: str) -> Generation:
+        """Re-verify a sealed candidate, move it into ``generations/`` and only then move the pointer."""
+        source = self.candidate(label)
+        try:
+            sealed = Receipt.decode((self.candidates / f"{label}{RECEIPT_SUFFIX}").read_bytes())
+        except FileNotFoundError as exc:
+            raise StoreError(f"{label} has no receipt: seal it before promoting") from exc
+        failures = receipt.check(source, sealed)
+        if failures:
+            raise PromotionRefused(label, failures)
+        digest = sealed.digest
+        target = self.generations / digest
+        if target.exists():
+            raise StoreError(f"generation {digest[:12]} already exists; {label} duplicates it")
+        self.generations.mkdir(parents=True, exist_ok=True)
+        _write_new(self.generations / f"{digest}{RECEIPT_SUFFIX}", sealed.encode())
+        os.replace(source, target)
+        pointer.fsync_directory(self.generations)
+        pointer.fsync_directory(self.candidates)
+        for entry in sealed.files:
+            os.chmod(target / entry.path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        (self.candidates / f"{label}{RECEIPT_SUFFIX}").unlink()
+        current = self.read_pointer()
+        sequence = 1 if current is None else current.sequence + 1
+        pointer.write(self.pointer_path, pointer.Pointer(label, digest, sequence))
+        return Generation(target, sealed)
+
+    def read_pointer(self) -> pointer.Pointer | None:
+        return pointer.read(self.pointer_path)
+
+    def pointer_bytes(self) -> bytes | None:
+        try:
+            return self.pointer_path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def generation_names(self) -> list[str]:
+        if not self.generations.is_dir():
+            return []
+        return sorted(p.name for p in self.generations.iterdir() if p.is_dir())
+
+    def resolve(self) -> Generation:
+        """The generation the pointer names, verified against its receipt before any byte is loaded.
+
+        DCP unpickles ``.metadata`` (shared/README.md: pytorch/pytorch #189308), so an unverified
+        directory must never reach ``dcp.load``.
+        """
+        current = self.read_pointer()
+        if current is None:
+            raise StoreError(f"no {POINTER_FILE} in the store: nothing has been promoted yet")
+        digest = current.receipt_sha256
+        try:
+            raw = (self.generations / f"{digest}{RECEIPT_SUFFIX}").read_bytes()
+        except FileNotFoundError as exc:
+            raise StoreError(f"generation {digest[:12]}: receipt is missing") from exc
+        if hashlib.sha256(raw).hexdigest() != digest:
+            raise StoreError(
+                f"generation {digest[:12]}: receipt does not match the pointer's digest"
+            )
+        generation = Generation(self.generations / digest, Receipt.decode(raw))
+        self.verify(generation)
+        return generation
+
+    def verify(self, generation: Generation) -> None:
+        receipt.verify(
+            generation.path, generation.receipt, what=f"generation {generation.digest[:12]}"
+        )
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write a file that must not exist yet, durably."""
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+__all__ = [
+    "CheckpointStore",
+    "Failure",
+    "Generation",
+    "PromotionRefused",
+    "ReceiptMismatch",
+    "StoreError",
+]

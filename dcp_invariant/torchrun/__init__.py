@@ -1,0 +1,1 @@
+"""Running torch's own torchrun agent under the compatibility guard, and its worker."""
