@@ -38,10 +38,13 @@ def loads(raw: bytes, *, what: str = "record") -> Any:
         raise CanonicalJSONError(f"{what}: not valid UTF-8 (byte {exc.start})") from exc
     try:
         value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constants)
-    except json.JSONDecodeError as exc:
-        raise CanonicalJSONError(f"{what}: not JSON ({exc.msg} at line {exc.lineno})") from exc
     except CanonicalJSONError as exc:
         raise CanonicalJSONError(f"{what}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise CanonicalJSONError(f"{what}: not JSON ({exc.msg} at line {exc.lineno})") from exc
+    except (ValueError, RecursionError) as exc:
+        # Integers past CPython's digit limit, or nesting past the recursion limit.
+        raise CanonicalJSONError(f"{what}: not a record this tool writes ({type(exc).__name__})") from exc
     try:
         canonical = dumps(value)
     except (TypeError, ValueError) as exc:

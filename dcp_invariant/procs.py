@@ -100,13 +100,15 @@ class WorkerPool:
     def close(self) -> None:
         if self.method != "forkserver":
             return
-        # The fork server outlives its last client only until interpreter exit; stop it now so
-        # an in-process caller (a test) is left with no stray process.
-        from multiprocessing import forkserver
+        # The fork server and its resource tracker live until interpreter exit; stop them now so
+        # an in-process caller (a test) is left with no stray process. Both _stop() methods are
+        # what CPython's own tests use; without them the processes still end with this one.
+        from multiprocessing import forkserver, resource_tracker
 
-        stop = getattr(forkserver._forkserver, "_stop", None)
-        if stop is not None:
-            stop()
+        for server in (forkserver._forkserver, resource_tracker._resource_tracker):
+            stop = getattr(server, "_stop", None)
+            if stop is not None:
+                stop()
 
 
 def _wait(procs: list[Any], timeout: float) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcp_invariant import pointer, receipt
-from dcp_invariant.receipt import Failure, Receipt, ReceiptMismatch
+from dcp_invariant.receipt import Failure, Receipt, ReceiptError, ReceiptMismatch
 
 POINTER_FILE = "pointer.json"
 RECEIPT_SUFFIX = ".receipt.json"
@@ -65,47 +65,71 @@ class CheckpointStore:
 
     def candidate(self, label: str) -> Path:
         """The directory DCP should write a new checkpoint into."""
-        if not _LABEL.fullmatch(label):
+        if not _LABEL.fullmatch(label) or label.endswith(RECEIPT_SUFFIX):
             raise StoreError(
-                f"invalid checkpoint label {label!r}: use letters, digits, '.', '_' or '-' (at most 100)"
+                f"invalid checkpoint label {label!r}: use letters, digits, '.', '_' or '-' "
+                f"(at most 100, not ending in {RECEIPT_SUFFIX})"
             )
         return self.candidates / label
 
     def seal(self, label: str) -> Receipt:
-        """Inventory a finished candidate and record its receipt beside it."""
-        sealed = receipt.seal(self.candidate(label), label)
-        _write_new(self.candidates / f"{label}{RECEIPT_SUFFIX}", sealed.encode())
+        """Inventory a finished candidate, make its files durable, and record its receipt beside it."""
+        directory = self.candidate(label)
+        receipt_path = self.candidates / f"{label}{RECEIPT_SUFFIX}"
+        if receipt_path.exists():
+            raise StoreError(f"{label} is already sealed: promote it, or remove {receipt_path.name}")
+        sealed = receipt.seal(directory, label)
+        for entry in sealed.files:
+            _fsync_file(directory / entry.path)
+        _write_durable(receipt_path, sealed.encode())
         return sealed
 
     def promote(self, label: str) -> Generation:
-        """Re-verify a sealed candidate, move it into ``generations/`` and only then move the pointer."""
+        """Re-verify a sealed candidate, move it into ``generations/`` and only then move the pointer.
+
+        Safe to call again after a crash: a candidate already moved into place is re-verified
+        there and the promotion completes.
+        """
         source = self.candidate(label)
-        try:
-            sealed = Receipt.decode((self.candidates / f"{label}{RECEIPT_SUFFIX}").read_bytes())
-        except FileNotFoundError as exc:
-            raise StoreError(f"{label} has no receipt: seal it before promoting") from exc
-        failures = receipt.check(source, sealed)
-        if failures:
-            raise PromotionRefused(label, failures)
+        current = self.read_pointer()
+        sealed = self._candidate_receipt(label)
         digest = sealed.digest
         target = self.generations / digest
         if target.exists():
-            raise StoreError(f"generation {digest[:12]} already exists; {label} duplicates it")
-        self.generations.mkdir(parents=True, exist_ok=True)
-        _write_new(self.generations / f"{digest}{RECEIPT_SUFFIX}", sealed.encode())
-        os.replace(source, target)
-        pointer.fsync_directory(self.generations)
-        pointer.fsync_directory(self.candidates)
-        for entry in sealed.files:
-            os.chmod(target / entry.path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-        (self.candidates / f"{label}{RECEIPT_SUFFIX}").unlink()
-        current = self.read_pointer()
+            if source.exists():
+                raise StoreError(f"generation {digest[:12]} already exists; {label} duplicates it")
+            moved = receipt.check(target, sealed)
+            if moved:
+                raise PromotionRefused(label, moved)
+        else:
+            failures = receipt.check(source, sealed)
+            if failures:
+                raise PromotionRefused(label, failures)
+            self.generations.mkdir(parents=True, exist_ok=True)
+            _write_durable(self.generations / f"{digest}{RECEIPT_SUFFIX}", sealed.encode())
+            os.replace(source, target)
+            pointer.fsync_directory(self.generations)
+            pointer.fsync_directory(self.candidates)
+            for path in target.iterdir():
+                path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         sequence = 1 if current is None else current.sequence + 1
         pointer.write(self.pointer_path, pointer.Pointer(label, digest, sequence))
+        (self.candidates / f"{label}{RECEIPT_SUFFIX}").unlink(missing_ok=True)
         return Generation(target, sealed)
 
+    def _candidate_receipt(self, label: str) -> Receipt:
+        try:
+            return Receipt.decode((self.candidates / f"{label}{RECEIPT_SUFFIX}").read_bytes())
+        except FileNotFoundError as exc:
+            raise StoreError(f"{label} has no receipt: seal it before promoting") from exc
+        except ReceiptError as exc:
+            raise StoreError(f"{label}: {exc}; seal the candidate again") from exc
+
     def read_pointer(self) -> pointer.Pointer | None:
-        return pointer.read(self.pointer_path)
+        try:
+            return pointer.read(self.pointer_path)
+        except pointer.PointerError as exc:
+            raise StoreError(f"{POINTER_FILE} is damaged ({exc}); restore it from a generation") from exc
 
     def pointer_bytes(self) -> bytes | None:
         try:
@@ -136,7 +160,10 @@ class CheckpointStore:
             raise StoreError(
                 f"generation {digest[:12]}: receipt does not match the pointer's digest"
             )
-        generation = Generation(self.generations / digest, Receipt.decode(raw))
+        try:
+            generation = Generation(self.generations / digest, Receipt.decode(raw))
+        except ReceiptError as exc:
+            raise StoreError(f"generation {digest[:12]}: {exc}") from exc
         self.verify(generation)
         return generation
 
@@ -146,12 +173,27 @@ class CheckpointStore:
         )
 
 
-def _write_new(path: Path, data: bytes) -> None:
-    """Write a file that must not exist yet, durably."""
-    with open(path, "xb") as f:
+def _write_durable(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all, and make it durable before returning."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, path)
+    pointer.fsync_directory(path.parent)
+
+
+def _fsync_file(path: Path) -> None:
+    # DCP's writer syncs by default, but the protocol must not depend on how a file was written.
+    # Windows cannot fsync a read-only handle; its FlushFileBuffers needs write access.
+    if os.name == "nt":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 __all__ = [

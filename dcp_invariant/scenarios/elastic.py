@@ -127,9 +127,11 @@ def _torchrun(workdir: Path, fixture: str, timeout: float) -> tuple[int, bool]:
     env.update(worker.isolated_environment(workdir))
     env[guard.ATTESTATION_ENV] = ATTESTATION_FILE
     env[guard.SHARE_STORE_ENV] = "1"
-    # Workers are fresh interpreters: make sure they import this very package.
+    # Workers are fresh interpreters: give them this very package and, as multiprocessing does
+    # for its spawned children, the runner's import path, where the fixture module was found.
     package_parent = str(Path(dcp_invariant.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    search = [package_parent] + [str(Path(p).resolve()) for p in sys.path if p and Path(p).is_dir()]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(search))
     with open(workdir / LOG_FILE, "wb") as log:
         proc = subprocess.Popen(
             command,
