@@ -229,7 +229,7 @@ def test_resolve_refuses_a_missing_generation_receipt(store: CheckpointStore) ->
 def test_resolve_refuses_a_corrupt_pointer(store: CheckpointStore) -> None:
     commit(store, "step-1")
     store.pointer_path.write_bytes(b'{"generation":"x"}\n')
-    with pytest.raises(StoreError, match="pointer.json is damaged"):
+    with pytest.raises(StoreError, match=r"pointer\.json is damaged"):
         store.resolve()
 
 
