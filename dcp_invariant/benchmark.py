@@ -30,8 +30,12 @@ MIB = 1 << 20
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dcp_invariant.benchmark", description=__doc__)
-    parser.add_argument("--seal-gib", type=float, default=1.0, help="checkpoint size to seal (0 skips)")
-    parser.add_argument("--imports", type=int, default=3, help="import-torch timings to take the median of")
+    parser.add_argument(
+        "--seal-gib", type=float, default=1.0, help="checkpoint size to seal (0 skips)"
+    )
+    parser.add_argument(
+        "--imports", type=int, default=3, help="import-torch timings to take the median of"
+    )
     args = parser.parse_args(argv)
 
     import_seconds = _median_import(args.imports)
@@ -73,7 +77,9 @@ def _suite() -> tuple[float, dict[str, float], int, bool]:
             "0" * 40,
         ]
         started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         sampler = _TreeSampler(proc.pid)
         sampler.start()
         try:
@@ -152,11 +158,15 @@ def _seal_benchmark(gib: float) -> None:
         seal = _best(lambda: receipt.seal(directory, "bench"), 3)
         sealed = receipt.seal(directory, "bench")
         check = _best(lambda: receipt.check(directory, sealed), 3)
-        print(f"\nseal {gib:g} GiB ({shards} shards + .metadata): {seal:.2f} s; verify: {check:.2f} s")
+        print(
+            f"\nseal {gib:g} GiB ({shards} shards + .metadata): {seal:.2f} s; verify: {check:.2f} s"
+        )
         if sha256sum is None:
             print("sha256sum not found: no ratio")
             return
-        tool = _best(lambda: subprocess.run([sha256sum, *files], stdout=subprocess.DEVNULL, check=True), 3)
+        tool = _best(
+            lambda: subprocess.run([sha256sum, *files], stdout=subprocess.DEVNULL, check=True), 3
+        )
         print(f"sha256sum on the same files: {tool:.2f} s")
         print(f"seal / sha256sum: {seal / tool:.2f}; verify / sha256sum: {check / tool:.2f}")
 

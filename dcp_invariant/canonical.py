@@ -44,7 +44,9 @@ def loads(raw: bytes, *, what: str = "record") -> Any:
         raise CanonicalJSONError(f"{what}: not JSON ({exc.msg} at line {exc.lineno})") from exc
     except (ValueError, RecursionError) as exc:
         # Integers past CPython's digit limit, or nesting past the recursion limit.
-        raise CanonicalJSONError(f"{what}: not a record this tool writes ({type(exc).__name__})") from exc
+        raise CanonicalJSONError(
+            f"{what}: not a record this tool writes ({type(exc).__name__})"
+        ) from exc
     try:
         canonical = dumps(value)
     except (TypeError, ValueError) as exc:

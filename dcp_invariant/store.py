@@ -77,7 +77,9 @@ class CheckpointStore:
         directory = self.candidate(label)
         receipt_path = self.candidates / f"{label}{RECEIPT_SUFFIX}"
         if receipt_path.exists():
-            raise StoreError(f"{label} is already sealed: promote it, or remove {receipt_path.name}")
+            raise StoreError(
+                f"{label} is already sealed: promote it, or remove {receipt_path.name}"
+            )
         sealed = receipt.seal(directory, label)
         for entry in sealed.files:
             _fsync_file(directory / entry.path)
@@ -129,7 +131,9 @@ class CheckpointStore:
         try:
             return pointer.read(self.pointer_path)
         except pointer.PointerError as exc:
-            raise StoreError(f"{POINTER_FILE} is damaged ({exc}); restore it from a generation") from exc
+            raise StoreError(
+                f"{POINTER_FILE} is damaged ({exc}); restore it from a generation"
+            ) from exc
 
     def pointer_bytes(self) -> bytes | None:
         try:

@@ -40,7 +40,9 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture(scope="session")
-def live_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def live_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("live") / "evidence"
     return out, run_cli("run", "--output-dir", str(out), "--source-revision", REVISION)
 
@@ -59,9 +61,9 @@ def test_all_eleven_scenarios_pass_and_report_progress(live_run) -> None:
     assert (summary["passed"], summary["failed"], summary["verdict"]) == (11, 0, "pass")
     for name in schema.SCENARIO_NAMES:
         assert re.search(rf"^pass\s+{name}\s+\d+\.\d s$", proc.stderr, re.M), proc.stderr
-    assert sorted(str(p.relative_to(out).as_posix()) for p in out.rglob("*") if p.is_file()) == list(
-        schema.ARTIFACT_FILES
-    )
+    assert sorted(
+        str(p.relative_to(out).as_posix()) for p in out.rglob("*") if p.is_file()
+    ) == list(schema.ARTIFACT_FILES)
 
 
 def test_live_artifact_verifies_offline(live_artifact: Path) -> None:
@@ -70,7 +72,10 @@ def test_live_artifact_verifies_offline(live_artifact: Path) -> None:
     assert proc.stdout.splitlines()[-1] == "verdict: pass (11 passed, 0 failed)"
     if shutil.which("sha256sum"):
         check = subprocess.run(
-            ["sha256sum", "-c", "manifest.sha256"], cwd=live_artifact, capture_output=True, timeout=60
+            ["sha256sum", "-c", "manifest.sha256"],
+            cwd=live_artifact,
+            capture_output=True,
+            timeout=60,
         )
         assert check.returncode == 0, check.stdout
 
@@ -84,8 +89,15 @@ def test_two_runs_produce_byte_identical_evidence(live_artifact: Path, tmp_path:
 
 
 def test_evidence_names_no_path_host_user_or_process(live_artifact: Path) -> None:
-    text = "\n".join((live_artifact / rel).read_text(encoding="utf-8") for rel in schema.ARTIFACT_FILES)
-    forbidden = [str(live_artifact.parent), tempfile.gettempdir(), str(Path.home()), "dcp-invariant-"]
+    text = "\n".join(
+        (live_artifact / rel).read_text(encoding="utf-8") for rel in schema.ARTIFACT_FILES
+    )
+    forbidden = [
+        str(live_artifact.parent),
+        tempfile.gettempdir(),
+        str(Path.home()),
+        "dcp-invariant-",
+    ]
     forbidden += [w for w in (socket.gethostname(), getpass.getuser()) if len(w) >= 3]
     for word in forbidden:
         assert not re.search(rf"(?<![0-9A-Za-z]){re.escape(word)}(?![0-9A-Za-z])", text), word
@@ -94,7 +106,9 @@ def test_evidence_names_no_path_host_user_or_process(live_artifact: Path) -> Non
 
 
 def test_elastic_restart_is_observed_as_torchrun_reported_it(live_artifact: Path) -> None:
-    obs = canonical.loads((live_artifact / schema.observation_file("elastic_restart_2_to_2")).read_bytes())
+    obs = canonical.loads(
+        (live_artifact / schema.observation_file("elastic_restart_2_to_2")).read_bytes()
+    )
     assert obs["failure_marker"] == {"attempt": 0, "exit_code": 91, "rank": 1}
     assert [r["restart_count"] for r in obs["target"]["ranks"]] == [1, 1]
     guard = obs["launcher"]["guard"]
@@ -146,7 +160,9 @@ def _run(names: list[str], fixture: str | None = None) -> dict[str, list[str]]:
         ("fixture_variants:naive_optimizer_state", "optimizer"),
     ],
 )
-def test_a_resume_bug_fails_the_training_verdict_naming_its_component(no_leftovers, fixture, component):
+def test_a_resume_bug_fails_the_training_verdict_naming_its_component(
+    no_leftovers, fixture, component
+):
     reasons = _run(["training_1_to_2"], fixture)["training_1_to_2"]
     after_load = [r for r in reasons if "after load" in r]
     assert after_load, reasons
@@ -155,7 +171,9 @@ def test_a_resume_bug_fails_the_training_verdict_naming_its_component(no_leftove
 
 
 def test_a_resume_bug_fails_the_elastic_verdict_too(no_leftovers):
-    reasons = _run(["elastic_restart_2_to_2"], "fixture_variants:rng_not_restored")["elastic_restart_2_to_2"]
+    reasons = _run(["elastic_restart_2_to_2"], "fixture_variants:rng_not_restored")[
+        "elastic_restart_2_to_2"
+    ]
     assert any("restarted rank" in r and "component 'rng'" in r for r in reasons), reasons
 
 
@@ -257,7 +275,9 @@ def test_guarded_store_serves_only_create_tcp_store():
     assert "refused: the guarded TCPStore was called from <module>" in proc.stdout
 
 
-def test_checked_in_artifact_still_matches_a_fresh_run(live_artifact: Path, data_artifact: Path) -> None:
+def test_checked_in_artifact_still_matches_a_fresh_run(
+    live_artifact: Path, data_artifact: Path
+) -> None:
     """tests/data/artifact feeds the torch-free tests; it must stay what the suite really writes."""
     fresh = canonical.loads((live_artifact / schema.PROVENANCE_FILE).read_bytes())
     kept = canonical.loads((data_artifact / schema.PROVENANCE_FILE).read_bytes())
