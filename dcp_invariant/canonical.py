@@ -58,6 +58,15 @@ def loads(raw: bytes, *, what: str = "record") -> Any:
     return value
 
 
+def printable(name: str) -> str:
+    """``name`` as is, or its ``ascii()`` form when it holds undecodable bytes (surrogate escapes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return ascii(name)
+    return name
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, val in pairs:

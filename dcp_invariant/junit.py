@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from dcp_invariant import schema
+
+# XML 1.0 cannot carry these even escaped; reasons quote file names and errors that might.
+_NOT_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _NOT_XML.sub(lambda m: f"\\x{{{ord(m.group()):x}}}", text)
 
 
 def render(results: dict[str, dict[str, Any]]) -> bytes:
@@ -18,7 +26,7 @@ def render(results: dict[str, dict[str, Any]]) -> bytes:
         f'  <testsuite name="dcp-invariant" {counts}>',
     ]
     for name in schema.SCENARIO_NAMES:
-        reasons = results[name]["reasons"]
+        reasons = [_xml_text(r) for r in results[name]["reasons"]]
         head = f'    <testcase classname="dcp_invariant" name={quoteattr(name)}'
         if not reasons:
             lines.append(head + "/>")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,33 @@ class WorkerPool:
         self._ctx = multiprocessing.get_context(self.method)
         if self.method == "forkserver":
             self._ctx.set_forkserver_preload(PRELOAD)
+
+    def start(self, workdir: Path) -> None:
+        """Start the fork server with its home and temp directory inside ``workdir``.
+
+        Importing torch._dynamo creates ``$TMPDIR/torchinductor_<user>``; the server's imports
+        must leave nothing outside the run's workspace. The server copies ``os.environ`` when it
+        starts, so the environment is swapped only around that moment, before any scenario thread
+        exists.
+        """
+        if self.method != "forkserver":
+            return
+        from multiprocessing import forkserver
+
+        workdir.mkdir()
+        for sub in ("home", "tmp"):
+            (workdir / sub).mkdir()
+        isolated = worker.isolated_environment(workdir)
+        saved = {key: os.environ.get(key) for key in isolated}
+        os.environ.update(isolated)
+        try:
+            forkserver.ensure_running()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def run_group(
         self, task: str, world_size: int, workdir: Path, group: str, payload: dict[str, Any]

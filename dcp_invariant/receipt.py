@@ -149,7 +149,7 @@ def check(directory: Path, receipt: Receipt) -> list[Failure]:
     failures: list[Failure] = []
     expected = {f.path: f for f in receipt.files}
     for name in sorted(set(present) - set(expected)):
-        failures.append(Failure(name, "unexpected"))
+        failures.append(Failure(canonical.printable(name), "unexpected"))
     for name, entry in sorted(expected.items()):
         found = present.get(name)
         if found is None:
@@ -184,9 +184,12 @@ def _regular_files(directory: Path) -> list[str]:
     names = []
     for entry in entries:
         st = entry.stat(follow_symlinks=False)
+        shown = canonical.printable(entry.name)
         if not stat.S_ISREG(st.st_mode):
             kind = _kind(st.st_mode)
-            raise SealError(f"{entry.name}: is a {kind}; a checkpoint may hold regular files only")
+            raise SealError(f"{shown}: is a {kind}; a checkpoint may hold regular files only")
+        if shown != entry.name:
+            raise SealError(f"{shown}: file name is not valid UTF-8; DCP never writes such names")
         names.append(entry.name)
     return sorted(names)
 

@@ -106,7 +106,9 @@ def _dtensor(scenario: schema.Scenario, obs: Obs) -> list[str]:
     for rank in target["ranks"]:
         where = f"target rank {rank['rank']}"
         reasons += _loaded_through_pointer(rank, commit, where)
-        if rank["local_shape"] is not None:
+        if rank["local_shape"] is None:
+            reasons.append(f"{where}: reported no local shard")
+        else:
             reasons += _shard_shape(rank, rows, rest, scenario.target_world_size, "target")
         if rank["global_digest"] != saved:
             reasons.append(f"{where}: reconstructed global tensor differs from the saved one")
@@ -165,6 +167,8 @@ def _rank_exit(scenario: schema.Scenario, obs: Obs) -> list[str]:
     dying, planned = obs["dying_rank"], obs["planned_exit_code"]
     if len(codes) != scenario.source_world_size:
         reasons.append(f"source: {len(codes)} exit codes for {scenario.source_world_size} ranks")
+    elif not 0 <= dying < len(codes):
+        reasons.append(f"source: the dying rank {dying} is not in a group of {len(codes)}")
     elif codes[dying] != planned:
         reasons.append(f"source rank {dying}: exit code {codes[dying]}, expected {planned}")
     reasons += _rank_set(source["ranks"], scenario.source_world_size, "source")
@@ -360,8 +364,11 @@ def _guard(attestation: Obs | None) -> list[str]:
             f"torchrun guard: runtime {attestation['torch_distribution']}/{attestation['torch_runtime']} "
             "is not registered"
         )
-    elif attestation["create_tcp_store_sha256"] != runtime.create_tcp_store_sha256:
-        reasons.append("torchrun guard: _create_tcp_store source digest is not the registered one")
+    elif (attestation["create_tcp_store_sha256"], attestation["create_tcp_store_bytes"]) != (
+        runtime.create_tcp_store_sha256,
+        runtime.create_tcp_store_bytes,
+    ):
+        reasons.append("torchrun guard: _create_tcp_store source is not the registered one")
     if not attestation["tcp_store_pristine"]:
         reasons.append("torchrun guard: the module-local TCPStore was not pristine")
     if attestation["use_libuv"]:

@@ -73,6 +73,7 @@ def run_suite(
     try:
         with tempfile.TemporaryDirectory(prefix="dcp-invariant-") as tmp:
             workspace = Path(tmp)
+            pool.start(workspace / "server")
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
 

@@ -29,6 +29,7 @@ RUNTIMES: tuple[Runtime, ...] = (
     Runtime("2.11.0+cpu", "2.11.0+cpu", _TORCH_2_11[1], _TORCH_2_11[0]),
 )
 DEFAULT_TORCH_VERSION = "2.13.0"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 class UnsupportedRuntime(Exception):
@@ -50,8 +51,8 @@ def require(distribution: str | None, torch_version: str | None = None) -> Runti
     """Check what can be checked: the distribution alone, or the exact pair once torch is imported."""
     if distribution is None:
         raise UnsupportedRuntime(
-            "torch is not installed: install the pinned CPU runtime with "
-            "python -m pip install 'dcp-invariant[runtime]'"
+            f"torch is not installed: install the CPU wheel with python -m pip install "
+            f"torch=={DEFAULT_TORCH_VERSION} --index-url {CPU_INDEX}"
         )
     if torch_version is None:
         if any(r.distribution == distribution for r in RUNTIMES):
@@ -64,5 +65,5 @@ def require(distribution: str | None, torch_version: str | None = None) -> Runti
         installed = f"{distribution}/{torch_version}"
     raise UnsupportedRuntime(
         f"unregistered torch runtime {installed} (distribution/torch.__version__); "
-        f"registered: {registered_pairs()}; install torch=={DEFAULT_TORCH_VERSION} from the CPU wheel index"
+        f"registered: {registered_pairs()}; install torch=={DEFAULT_TORCH_VERSION} from {CPU_INDEX}"
     )

@@ -81,7 +81,8 @@ def _read_files(root: Path, problems: list[str]) -> dict[str, bytes] | None:
         problems.append(f"more than {_MAX_ENTRIES} entries: this is not an evidence artifact")
         return None
     files: dict[str, bytes] = {}
-    for rel, st in entries:
+    for name, st in entries:
+        rel = canonical.printable(name)
         if stat.S_ISDIR(st.st_mode):
             if rel not in schema.ARTIFACT_DIRS:
                 problems.append(f"{rel}/: unexpected directory")
@@ -103,7 +104,7 @@ def _read_files(root: Path, problems: list[str]) -> dict[str, bytes] | None:
             problems.append(f"{rel}: grew past the {schema.MAX_FILE_BYTES}-byte bound while read")
             continue
         files[rel] = data
-    seen = {rel for rel, _ in entries}
+    seen = {name for name, _ in entries}
     problems += [f"{rel}: missing" for rel in schema.ARTIFACT_FILES if rel not in seen]
     return files
 

@@ -44,7 +44,16 @@ def live_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("live") / "evidence"
-    return out, run_cli("run", "--output-dir", str(out), "--source-revision", REVISION)
+    before = _temp_entries()
+    proc = run_cli("run", "--output-dir", str(out), "--source-revision", REVISION)
+    # Neither workers, the fork server nor torchrun may leave anything in the shared temp dir.
+    assert _temp_entries() <= before, sorted(_temp_entries() - before)
+    assert _children(os.getpid()) == []
+    return out, proc
+
+
+def _temp_entries() -> set[str]:
+    return set(os.listdir(tempfile.gettempdir()))
 
 
 @pytest.fixture(scope="session")
@@ -122,11 +131,10 @@ def test_elastic_restart_is_observed_as_torchrun_reported_it(live_artifact: Path
 @pytest.fixture
 def no_leftovers():
     """Fails a test that leaves a child process or a workspace behind."""
-    prefix = "dcp-invariant-"
-    before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(prefix)}
+    before = _temp_entries()
     yield
-    after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(prefix)}
-    assert after <= before, f"workspaces left behind: {sorted(after - before)}"
+    after = _temp_entries()
+    assert after <= before, f"left in the temp dir: {sorted(after - before)}"
     assert _children(os.getpid()) == [], "child processes left behind"
 
 
@@ -216,7 +224,14 @@ sys.exit(main(["--standalone", "--local-addr=127.0.0.1", "--nnodes=1", "--nproc-
 
 def _guarded(tmp_path: Path, patch: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "touch_worker.py").write_text("open('worker-ran', 'w').close()\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    # torchrun writes its log directory under TMPDIR: keep it inside the test's own directory.
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]),
+        TMPDIR=str(tmp_path),
+        TMP=str(tmp_path),
+        TEMP=str(tmp_path),
+    )
     return subprocess.run(
         [sys.executable, "-c", GUARDED_LAUNCH.format(patch=patch)],
         cwd=tmp_path,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -290,3 +291,19 @@ def test_hash_file_streams_in_bounded_memory(tmp_path: Path) -> None:
         expected.update(zeros)
     assert result == (size, expected.hexdigest())
     assert peak < 4 * mib, f"hash_file peaked at {peak / mib:.1f} MiB"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="needs a file system that keeps raw byte names")
+def test_undecodable_file_names_are_refused_at_seal_and_reported_printably(tmp_path: Path) -> None:
+    directory = tmp_path / "candidate"
+    directory.mkdir()
+    (directory / ".metadata").write_bytes(b"m")
+    sealed = receipt.seal(directory, "x")
+    with open(os.path.join(os.fsencode(directory), b"\xff.distcp"), "wb"):
+        pass
+    with pytest.raises(SealError, match="not valid UTF-8"):
+        receipt.seal(directory, "x")
+    [failure] = receipt.check(directory, sealed)
+    assert (failure.path, failure.reason) == ("'\\udcff.distcp'", "unexpected")
+    # Failures end up in canonical evidence, which must be able to encode them.
+    canonical.dumps(failure.to_record())

@@ -1,0 +1,389 @@
+"""The command line without torch: list, verify, and every way `run` refuses before it starts.
+
+No test here may run the suite: an autouse fixture replaces ``runner.run_suite`` so that a
+validation regression fails fast instead of launching eleven scenarios.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dcp_invariant import cli, schema
+from dcp_invariant.verify import verify_artifact
+
+SUBPROCESS_TIMEOUT = 60
+REVISION = "a" * 40
+
+
+@pytest.fixture(autouse=True)
+def suite_must_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dcp_invariant import runner
+
+    def refuse(**kwargs: object) -> None:
+        raise AssertionError("a CLI test reached runner.run_suite")
+
+    monkeypatch.setattr(runner, "run_suite", refuse)
+
+
+def snapshot(directory: Path) -> dict[str, bytes | None]:
+    """Every entry below ``directory`` with its bytes (None for directories)."""
+    return {
+        str(p.relative_to(directory)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+    }
+
+
+def usage_error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The single stderr line of a usage error; nothing may reach stdout."""
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("dcp-invariant: error: ")
+    return lines[0]
+
+
+# --- list ------------------------------------------------------------------------------------
+
+
+def test_list_prints_the_scenarios_in_schema_order(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == cli.EXIT_OK
+
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(schema.SCENARIOS) == 11
+    assert [line.split()[0] for line in lines] == list(schema.SCENARIO_NAMES)
+    for line, scenario in zip(lines, schema.SCENARIOS, strict=True):
+        assert line.endswith(scenario.summary)
+
+
+# --- verify ----------------------------------------------------------------------------------
+
+
+def test_verify_passes_the_real_artifact(
+    data_artifact: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["verify", str(data_artifact)]) == cli.EXIT_OK
+
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(schema.SCENARIO_NAMES) + 1
+    assert [line.split() for line in lines[:-1]] == [["PASS", n] for n in schema.SCENARIO_NAMES]
+    assert lines[-1] == f"verdict: pass ({len(schema.SCENARIO_NAMES)} passed, 0 failed)"
+
+
+def test_verify_accepts_the_same_directory_twice(
+    data_artifact: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["verify", str(data_artifact), "--artifact-dir", str(data_artifact)]
+    assert cli.main(argv) == cli.EXIT_OK
+    assert capsys.readouterr().out.splitlines()[-1].startswith("verdict: pass")
+
+
+def test_verify_lists_every_problem_of_a_tampered_artifact(
+    artifact_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (artifact_copy / schema.observation_file("dtensor_1_to_2")).unlink()
+    (artifact_copy / "stray.txt").write_bytes(b"\n")
+    (artifact_copy / schema.SUMMARY_FILE).write_bytes(b"{}\n")
+    expected = verify_artifact(artifact_copy).problems
+    assert len(expected) >= 3
+
+    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_FAIL
+
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[len("invalid: ") :] for line in lines if line.startswith("invalid: ")] == expected
+    # The scenario whose observation is gone has no verdict to print.
+    assert "INVALID  dtensor_1_to_2" in lines
+    assert lines[-1] == f"verdict: invalid artifact ({len(expected)} problems)"
+
+
+def test_verify_fails_a_valid_artifact_with_a_failed_scenario(
+    rebuild: Callable, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def promote(observations: dict) -> None:
+        observations["corrupt_shard"]["candidate"]["promoted"] = True
+
+    directory = rebuild(promote)
+    report = verify_artifact(directory)
+    assert report.valid
+
+    assert cli.main(["verify", str(directory)]) == cli.EXIT_FAIL
+
+    lines = capsys.readouterr().out.splitlines()
+    assert "FAIL     corrupt_shard" in lines
+    for reason in report.results["corrupt_shard"]["reasons"]:
+        assert f"         - {reason}" in lines
+    failed = sum(r["verdict"] == "fail" for r in report.results.values())
+    assert lines[-1] == f"verdict: fail ({len(report.results) - failed} passed, {failed} failed)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "text"),
+    [
+        (lambda tmp: ["verify"], "no artifact directory"),
+        (lambda tmp: ["verify", str(tmp / "nope")], "nope is not a directory"),
+        (lambda tmp: ["verify", "--artifact-dir", str(tmp / "nope")], "nope is not a directory"),
+        (
+            lambda tmp: ["verify", str(tmp / "a"), "--artifact-dir", str(tmp / "b")],
+            "give the artifact directory once",
+        ),
+        (lambda tmp: ["verify", str(tmp / "a"), "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+    ids=[
+        "no directory",
+        "nonexistent",
+        "nonexistent --artifact-dir",
+        "two directories",
+        "bad option",
+    ],
+)
+def test_verify_usage_errors(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: Callable[[Path], list[str]],
+    text: str,
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+
+    assert cli.main(argv(tmp_path)) == cli.EXIT_USAGE
+
+    assert text in usage_error(capsys)
+
+
+def test_verify_refuses_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "artifact.zip"
+    path.write_bytes(b"PK")
+
+    assert cli.main(["verify", str(path)]) == cli.EXIT_USAGE
+
+    assert "artifact.zip is not a directory" in usage_error(capsys)
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"]], ids=["no command", "unknown command"])
+def test_top_level_usage_error_names_a_real_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == cli.EXIT_USAGE
+    line = usage_error(capsys)
+    assert "dcp-invariant dcp-invariant" not in line
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"]], ids=["no command", "unknown command"])
+def test_top_level_usage_error_is_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert "--help" in usage_error(capsys)
+
+
+# --- run: refusals before any scenario starts ------------------------------------------------
+
+
+def test_run_refuses_an_existing_output_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "evidence"
+    output.mkdir()
+    (output / "keep.txt").write_bytes(b"mine\n")
+    before = snapshot(tmp_path)
+
+    code = cli.main(["run", "--output-dir", str(output), "--source-revision", REVISION])
+
+    assert code == cli.EXIT_USAGE
+    line = usage_error(capsys)
+    assert str(output) in line
+    assert "already exists" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_run_refuses_a_dangling_symlink_as_output_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "evidence"
+    try:
+        output.symlink_to(tmp_path / "nowhere")
+    except (OSError, NotImplementedError) as exc:
+        pytest.skip(f"symlinks unsupported here: {exc}")
+
+    code = cli.main(["run", "--output-dir", str(output), "--source-revision", REVISION])
+
+    assert code == cli.EXIT_USAGE
+    assert str(output) in usage_error(capsys)
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_run_refuses_a_missing_parent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    output = tmp_path / "no" / "such" / "evidence"
+
+    code = cli.main(["run", "--output-dir", str(output), "--source-revision", REVISION])
+
+    assert code == cli.EXIT_USAGE
+    assert str(output.parent) in usage_error(capsys)
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("revision", ["nothex", "A" * 40, "a" * 39, "a" * 41, "g" * 40])
+def test_run_refuses_a_malformed_source_revision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], revision: str
+) -> None:
+    output = tmp_path / "evidence"
+
+    code = cli.main(["run", "--output-dir", str(output), "--source-revision", revision])
+
+    assert code == cli.EXIT_USAGE
+    assert f"--source-revision {revision!r}" in usage_error(capsys)
+    assert not output.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_without_a_known_revision_asks_for_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Outside any git checkout, with nothing in the environment to say which code this is.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GITHUB_SHA", raising=False)
+    for var in ("GIT_DIR", "GIT_WORK_TREE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    output = tmp_path / "evidence"
+
+    assert cli.main(["run", "--output-dir", str(output)]) == cli.EXIT_USAGE
+
+    assert "--source-revision" in usage_error(capsys)
+    assert not output.exists()
+
+
+def test_run_refuses_a_malformed_github_sha(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_SHA", "main")
+    output = tmp_path / "evidence"
+
+    assert cli.main(["run", "--output-dir", str(output)]) == cli.EXIT_USAGE
+
+    assert "$GITHUB_SHA 'main'" in usage_error(capsys)
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf", "-inf", "soon"])
+def test_run_refuses_a_bad_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: str
+) -> None:
+    output = tmp_path / "evidence"
+    argv = ["run", "--output-dir", str(output), "--source-revision", REVISION]
+
+    assert cli.main([*argv, f"--timeout={timeout}"]) == cli.EXIT_USAGE
+
+    assert "--timeout" in usage_error(capsys)
+    assert not output.exists()
+
+
+def test_run_requires_an_output_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--source-revision", REVISION]) == cli.EXIT_USAGE
+    assert "--output-dir" in usage_error(capsys)
+
+
+# The real run_suite, with RUNTIMES replaced, in a fresh interpreter. WorkerPool is made to exit
+# so that, should the runtime check ever let this through, no scenario can start.
+_UNREGISTERED = r"""
+import sys
+import dcp_invariant.runner as runner
+import dcp_invariant.runtimes as runtimes
+
+def no_workers(*args, **kwargs):
+    sys.exit(99)
+
+runner.WorkerPool = no_workers
+runtimes.RUNTIMES = {runtimes_value}
+from dcp_invariant import cli
+sys.exit(cli.main(["run", "--output-dir", sys.argv[1], "--source-revision", "a" * 40]))
+"""
+
+
+def _installed_torch() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("runtimes_value", "registered"),
+    [
+        ("()", None),
+        ('(runtimes.Runtime("0.0.1+fake", "0.0.1+fake", 1, "0" * 64),)', "0.0.1+fake/0.0.1+fake"),
+    ],
+    ids=["none registered", "another registered"],
+)
+def test_run_refuses_an_unregistered_runtime(
+    tmp_path: Path, runtimes_value: str, registered: str | None
+) -> None:
+    output = tmp_path / "evidence"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _UNREGISTERED.replace("{runtimes_value}", runtimes_value),
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        cwd=tmp_path,
+        check=False,
+    )
+
+    assert done.returncode == cli.EXIT_USAGE, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    line = lines[0]
+    assert line.startswith("dcp-invariant: error: ")
+    installed = _installed_torch()
+    if installed is None:
+        assert "torch is not installed" in line
+    else:
+        assert f"unregistered torch runtime {installed}/" in line
+        assert "registered:" in line
+        if registered is not None:
+            assert registered in line
+    assert not output.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_module_entry_point_exits_with_the_cli_code(tmp_path: Path) -> None:
+    # `python -m dcp_invariant` must hand main()'s code to the shell, not swallow it.
+    missing = tmp_path / "missing"
+    done = subprocess.run(
+        [sys.executable, "-m", "dcp_invariant", "verify", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        cwd=tmp_path,
+        check=False,
+    )
+
+    assert done.returncode == cli.EXIT_USAGE
+    assert str(missing) in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("dcp-invariant") is None, reason="console script not on PATH")
+def test_console_script_lists_the_scenarios(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["dcp-invariant", "list"],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        cwd=tmp_path,
+        check=False,
+    )
+
+    assert done.returncode == cli.EXIT_OK
+    assert [line.split()[0] for line in done.stdout.splitlines()] == list(schema.SCENARIO_NAMES)
