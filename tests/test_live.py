@@ -53,7 +53,8 @@ def live_run(
 
 
 def _temp_entries() -> set[str]:
-    return set(os.listdir(tempfile.gettempdir()))
+    # pymp-*: multiprocessing's own per-interpreter directory, removed by its exit finalizer.
+    return {p for p in os.listdir(tempfile.gettempdir()) if not p.startswith("pymp-")}
 
 
 @pytest.fixture(scope="session")
