@@ -1,19 +1,12 @@
-"""The generation pointer: a small canonical record, replaced atomically or not at all.
-
-A "latest" pointer moved before its data was durable is a reported field failure
-(shared/README.md: KempnerForge #102), so the write order here is fixed: temp file in the same
-directory, flush, fsync, ``os.replace``, fsync of the directory.
-"""
+"""The generation pointer: a small canonical record, replaced atomically or not at all."""
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcp_invariant import canonical
+from dcp_invariant import canonical, durable
 
 SCHEMA = "dcp-invariant/pointer/1"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -79,26 +72,4 @@ def read(path: Path) -> Pointer | None:
 
 def write(path: Path, pointer: Pointer) -> None:
     """Replace ``path`` with ``pointer`` so a reader sees the old record or the new one, never a mix."""
-    data = pointer.encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable; Windows cannot open directories, and needs no call."""
-    if os.name == "nt":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    durable.replace_file(path, pointer.encode())

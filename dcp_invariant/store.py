@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcp_invariant import pointer, receipt
+from dcp_invariant import durable, pointer, receipt
 from dcp_invariant.receipt import Failure, Receipt, ReceiptError, ReceiptMismatch
 
 POINTER_FILE = "pointer.json"
@@ -82,8 +82,8 @@ class CheckpointStore:
             )
         sealed = receipt.seal(directory, label)
         for entry in sealed.files:
-            _fsync_file(directory / entry.path)
-        _write_durable(receipt_path, sealed.encode())
+            durable.fsync_file(directory / entry.path)
+        durable.replace_file(receipt_path, sealed.encode())
         return sealed
 
     def promote(self, label: str) -> Generation:
@@ -108,10 +108,10 @@ class CheckpointStore:
             if failures:
                 raise PromotionRefused(label, failures)
             self.generations.mkdir(parents=True, exist_ok=True)
-            _write_durable(self.generations / f"{digest}{RECEIPT_SUFFIX}", sealed.encode())
+            durable.replace_file(self.generations / f"{digest}{RECEIPT_SUFFIX}", sealed.encode())
             os.replace(source, target)
-            pointer.fsync_directory(self.generations)
-            pointer.fsync_directory(self.candidates)
+            durable.fsync_directory(self.generations)
+            durable.fsync_directory(self.candidates)
             for path in target.iterdir():
                 path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         sequence = 1 if current is None else current.sequence + 1
@@ -175,29 +175,6 @@ class CheckpointStore:
         receipt.verify(
             generation.path, generation.receipt, what=f"generation {generation.digest[:12]}"
         )
-
-
-def _write_durable(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all, and make it durable before returning."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    pointer.fsync_directory(path.parent)
-
-
-def _fsync_file(path: Path) -> None:
-    # DCP's writer syncs by default, but the protocol must not depend on how a file was written.
-    # Windows cannot fsync a read-only handle; its FlushFileBuffers needs write access.
-    if os.name == "nt":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = [

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dcp_invariant import canonical
+from dcp_invariant import canonical, durable
 
 Report = Callable[[dict[str, Any]], None]
 Task = Callable[[int, int, dict[str, Any], Report], None]
@@ -89,10 +89,7 @@ def forked(
 
 def reporter(path: str) -> Report:
     def report(record: dict[str, Any]) -> None:
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(canonical.dumps(record))
-        os.replace(tmp, path)
+        durable.replace_file(Path(path), canonical.dumps(record))
 
     return report
 

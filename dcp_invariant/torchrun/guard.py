@@ -17,9 +17,10 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from dcp_invariant import canonical, runtimes
+from dcp_invariant import canonical, durable, runtimes
 
 ATTESTATION_ENV = "DCP_INVARIANT_GUARD_ATTESTATION"
 SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -94,10 +95,7 @@ def _guarded_store(
         store = original(host, port, **kwargs)
         attestation["stores_built"] += 1
         if attestation_path is not None:
-            tmp = f"{attestation_path}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(canonical.dumps(attestation))
-            os.replace(tmp, attestation_path)
+            durable.replace_file(Path(attestation_path), canonical.dumps(attestation))
         return store
 
     return guarded_tcp_store
