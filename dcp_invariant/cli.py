@@ -54,13 +54,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--artifact-dir", type=Path, help="artifact directory (same as the positional)"
     )
     sub.add_parser("list", help="list the scenarios")
+    report = sub.add_parser(
+        "github-report",
+        help="write the GitHub job summary and step outputs for an artifact (always exits 0)",
+    )
+    report.add_argument("--artifact-dir", required=True, type=Path, help="artifact directory")
+    report.add_argument(
+        "--artifact-name", default="", help="name for the upload (default: unique per matrix job)"
+    )
+    report.add_argument("--torch-version", default="", help="requested torch, for the default name")
+    report.add_argument(
+        "--summary-file",
+        type=Path,
+        default=_env_path("GITHUB_STEP_SUMMARY"),
+        help="Markdown summary is appended here (default: $GITHUB_STEP_SUMMARY, else stdout)",
+    )
+    report.add_argument(
+        "--output-file",
+        type=Path,
+        default=_env_path("GITHUB_OUTPUT"),
+        help="key=value outputs are appended here (default: $GITHUB_OUTPUT, else stdout)",
+    )
     return parser
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"run": _run, "verify": _verify, "list": _list}[args.command](args)
+        commands = {"run": _run, "verify": _verify, "list": _list, "github-report": _github_report}
+        return commands[args.command](args)
     except UsageError as exc:
         print(f"dcp-invariant: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -108,6 +135,28 @@ def _verify(args: argparse.Namespace) -> int:
         f"verdict: {'fail' if failed else 'pass'} ({len(report.results) - failed} passed, {failed} failed)"
     )
     return EXIT_OK if report.passed else EXIT_FAIL
+
+
+def _github_report(args: argparse.Namespace) -> int:
+    from dcp_invariant import github
+
+    try:
+        name = github.artifact_name(args.artifact_name, args.torch_version, os.environ)
+    except github.ArtifactNameError as exc:
+        raise UsageError(str(exc)) from exc
+    report = github.report_for(args.artifact_dir)
+    markdown = github.summary(args.artifact_dir, report)
+    values = {**github.outputs(args.artifact_dir, report), "artifact-name": name}
+    if args.summary_file is None:
+        print(markdown, end="")
+    else:
+        github.append_summary(args.summary_file, markdown)
+    if args.output_file is None:
+        print("".join(f"{k}={v}\n" for k, v in values.items()), end="")
+    else:
+        github.write_outputs(args.output_file, values)
+    # The gate step decides pass or fail; this step must not stop the upload before it.
+    return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:

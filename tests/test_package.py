@@ -1,0 +1,167 @@
+"""The package boundary: what the sdist and wheel hold, and that the wheel works on its own.
+
+Builds with `python -m build` (isolated: hatchling comes from the package index) and installs
+the wheel with no dependencies into a fresh venv outside the source tree, where no torch is
+installed: the CLI and the verifier must work there with the standard library alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dcp_invariant import __version__, schema
+
+pytestmark = pytest.mark.package
+
+ROOT = Path(__file__).resolve().parent.parent
+VERSION = "0.2.0"
+DEBRIS = (
+    "__pycache__",
+    ".pyc",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".egg-info",
+    ".git/",
+    "/dist/",
+    "/build/",
+)
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(home / "env")], check=True, timeout=300)
+    python = _venv_python(home / "env")
+    [wheel] = dist.glob("*.whl")
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        cwd=home,
+    )
+    return home / "env"
+
+
+def _venv_python(env: Path) -> Path:
+    return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _in_venv(env: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    scripts = env / ("Scripts" if os.name == "nt" else "bin")
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    clean["PATH"] = os.pathsep.join([str(scripts), clean.get("PATH", "")])
+    return subprocess.run(
+        list(args),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=env.parent,
+        env=clean,
+        check=False,
+    )
+
+
+def test_the_version_is_the_release(dist: Path) -> None:
+    assert __version__ == VERSION
+    assert sorted(p.name for p in dist.iterdir()) == [
+        f"dcp_invariant-{VERSION}-py3-none-any.whl",
+        f"dcp_invariant-{VERSION}.tar.gz",
+    ]
+
+
+def test_the_wheel_holds_only_the_package_and_its_metadata(dist: Path) -> None:
+    [wheel] = dist.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    outside = [
+        n
+        for n in names
+        if not n.startswith(("dcp_invariant/", f"dcp_invariant-{VERSION}.dist-info/"))
+    ]
+    assert outside == []
+    assert not [n for n in names if any(d in f"/{n}" for d in DEBRIS)]
+    for module in (
+        "cli.py",
+        "verify.py",
+        "scenarios/tasks.py",
+        "torchrun/launch.py",
+        "torchrun/guard.py",
+    ):
+        assert f"dcp_invariant/{module}" in names
+
+
+def test_the_wheel_pins_torch_exactly_and_only_in_extras(dist: Path) -> None:
+    [wheel] = dist.glob("*.whl")
+    metadata = zipfile.ZipFile(wheel).read(f"dcp_invariant-{VERSION}.dist-info/METADATA").decode()
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    torch = [r for r in requires if r.split()[1].startswith("torch")]
+    # hatchling expands dev = [runtime, test] into dev's own pins.
+    assert sorted(torch) == [
+        "Requires-Dist: torch==2.13.0; extra == 'dev'",
+        "Requires-Dist: torch==2.13.0; extra == 'runtime'",
+    ]
+    assert all("extra ==" in r for r in requires), (
+        "the core package must need the standard library only"
+    )
+    assert "Requires-Python: >=3.11" in metadata
+
+
+def test_the_sdist_has_sources_and_tests_and_no_debris(dist: Path) -> None:
+    [sdist] = dist.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = [m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name]
+    for wanted in (
+        "pyproject.toml",
+        "README.md",
+        "action.yml",
+        "dcp_invariant/cli.py",
+        "tests/test_live.py",
+        "tests/conftest.py",
+        f"tests/data/artifact/{schema.MANIFEST_FILE}",
+    ):
+        assert wanted in names, wanted
+    assert not [n for n in names if any(d in f"/{n}" for d in DEBRIS)]
+
+
+def test_the_installed_wheel_runs_without_torch_outside_the_tree(
+    venv: Path, data_artifact: Path
+) -> None:
+    where = _in_venv(
+        venv, str(_venv_python(venv)), "-c", "import dcp_invariant; print(dcp_invariant.__file__)"
+    )
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout
+    assert _in_venv(venv, str(_venv_python(venv)), "-c", "import torch").returncode != 0
+
+    version = _in_venv(venv, "dcp-invariant", "--version")
+    assert version.stdout.strip() == f"dcp-invariant {VERSION}"
+    helped = _in_venv(venv, "dcp-invariant", "--help")
+    assert helped.returncode == 0
+    assert all(command in helped.stdout for command in ("run", "verify", "list", "github-report"))
+
+    verified = _in_venv(venv, "dcp-invariant", "verify", str(data_artifact))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    refused = _in_venv(
+        venv, "dcp-invariant", "run", "--output-dir", "evidence", "--source-revision", "a" * 40
+    )
+    assert refused.returncode == 2
+    assert "torch is not installed" in refused.stderr
+    assert not (venv.parent / "evidence").exists()
