@@ -189,6 +189,9 @@ def _run(args: argparse.Namespace) -> int:
         suite = runner.run_suite(timeout=timeout, on_finish=progress)
     except runtimes.UnsupportedRuntime as exc:
         raise UsageError(str(exc)) from exc
+    except runner.WorkerStartError as exc:
+        print(exc.logs, file=sys.stderr)
+        raise UsageError(str(exc)) from exc
     record = provenance.build(
         source_revision=revision,
         torch_distribution=suite.torch_distribution,

@@ -44,7 +44,17 @@ class SuiteRun:
     torch_distribution: str
     torch_runtime: str
     numpy: str | None
-    seconds: dict[str, float]
+
+
+class WorkerStartError(RuntimeError):
+    """A fresh worker could not even report torch's version: the installation is broken."""
+
+    def __init__(self, exit_codes: list[int], logs: str) -> None:
+        self.logs = logs
+        super().__init__(
+            f"a worker could not import torch (exit codes {exit_codes}); "
+            "reinstall the runtime: python -m pip install 'dcp-invariant[runtime]'"
+        )
 
 
 def installed_torch() -> str | None:
@@ -68,7 +78,6 @@ def run_suite(
     order = sorted(names, key=lambda n: schema.BY_NAME[n].family != "elastic")
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
-    seconds: dict[str, float] = {}
     pool = WorkerPool(timeout)
     try:
         with tempfile.TemporaryDirectory(prefix="dcp-invariant-") as tmp:
@@ -89,7 +98,6 @@ def run_suite(
                 logs = "" if not reasons else "\n".join(o.log_tail() for _, o in ctx.outcomes)
                 with lock:
                     observations[name] = obs
-                    seconds[name] = elapsed
                     if on_finish is not None:
                         on_finish(
                             Finished(name, "fail" if reasons else "pass", elapsed, reasons, logs)
@@ -107,7 +115,6 @@ def run_suite(
         torch_distribution=distribution,
         torch_runtime=versions["torch"],
         numpy=versions["numpy"],
-        seconds=seconds,
     )
 
 
@@ -118,7 +125,5 @@ def _probe(pool: WorkerPool, workdir: Path) -> dict[str, str]:
         "dcp_invariant.scenarios.tasks:runtime_versions", 1, workdir, "probe", {}
     )
     if not outcome.ok or not outcome.results:
-        raise RuntimeError(
-            f"a worker could not import torch (exit codes {outcome.exit_codes}):\n{outcome.log_tail()}"
-        )
+        raise WorkerStartError(outcome.exit_codes, outcome.log_tail())
     return outcome.results[0]
