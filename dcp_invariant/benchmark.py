@@ -9,6 +9,7 @@ process tree sampled from /proc where it exists), and the total in units of one
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import resource
@@ -130,12 +131,11 @@ def _tree(root: int) -> list[int]:
 
 
 def _rss(pid: int) -> int:
-    try:
+    # A process that exited between listing and reading holds no memory any more.
+    with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
-        pass
     return 0
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
+
+HEX64 = re.compile(r"[0-9a-f]{64}")  # a SHA-256 in the form every record uses
 
 
 class CanonicalJSONError(ValueError):

@@ -171,6 +171,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{output.parent} does not exist: create it or choose another --output-dir"
         )
+    if not os.access(output.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{output.parent} is not writable: choose another --output-dir")
     timeout = runner.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
     if not math.isfinite(timeout) or timeout <= 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")

@@ -23,23 +23,15 @@ def replace_file(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_directory(path.parent)
+    fsync(path.parent)
 
 
-def fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable; Windows cannot open directories, and needs no call."""
-    if os.name == "nt":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries (a rename), to disk.
 
-
-def fsync_file(path: Path) -> None:
-    # Windows cannot fsync a read-only handle (FlushFileBuffers needs write access) and
-    # NTFS metadata journaling covers what a rename needs there.
+    Windows can open neither a directory nor a read-only file for FlushFileBuffers; NTFS
+    journals the metadata a rename needs, so there is nothing to do there.
+    """
     if os.name == "nt":
         return
     fd = os.open(path, os.O_RDONLY)

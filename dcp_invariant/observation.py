@@ -15,11 +15,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from dcp_invariant import schema
+from dcp_invariant import canonical, schema
 
 Check = Callable[[Any, str], list[str]]
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _FLOAT_HEX = re.compile(r"-?0x[01]\.[0-9a-f]+p[+-]\d+|-?inf|nan")
 _COMPONENT = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
@@ -121,11 +120,11 @@ def digests(value: Any, where: str) -> list[str]:
     for key in sorted(value):
         if not _COMPONENT.fullmatch(key):
             problems.append(f"{where}: invalid component name {key!r}")
-        problems += pattern(_HEX64, "a 64-hex digest")(value[key], f"{where}.{key}")
+        problems += pattern(canonical.HEX64, "a 64-hex digest")(value[key], f"{where}.{key}")
     return problems
 
 
-hex64 = pattern(_HEX64, "a 64-hex digest")
+hex64 = pattern(canonical.HEX64, "a 64-hex digest")
 float_hex = pattern(_FLOAT_HEX, "a float in float.hex() form")
 exit_code = integer()
 shape = list_of(integer(0), max_items=8)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from dcp_invariant import canonical, durable
 
 SCHEMA = "dcp-invariant/pointer/1"
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class PointerError(ValueError):
@@ -50,7 +48,7 @@ class Pointer:
         if record["schema"] != SCHEMA:
             raise PointerError(f"pointer: unknown schema {record['schema']!r}, expected {SCHEMA!r}")
         gen, label, seq = record["generation"], record["label"], record["sequence"]
-        if not isinstance(gen, str) or not _HEX64.fullmatch(gen):
+        if not isinstance(gen, str) or not canonical.HEX64.fullmatch(gen):
             raise PointerError("pointer: generation must be a 64-hex receipt digest")
         if (
             not isinstance(label, str)

@@ -101,7 +101,7 @@ class WorkerPool:
         procs = [
             self._ctx.Process(
                 target=worker.forked,
-                args=(task, rank, world_size, str(workdir), group, payload),
+                args=(task, rank, world_size, str(workdir), group, payload, self.timeout),
                 name=f"dcp-invariant-{group}-{rank}",
                 daemon=True,
             )
@@ -140,26 +140,25 @@ class WorkerPool:
 
 
 def _wait(procs: list[Any], timeout: float) -> bool:
-    """Join ``procs``; kill them all at the deadline, or soon after the first one fails."""
+    """Join ``procs``; kill them all at the deadline (True) or soon after the first one fails.
+
+    A rank killed because a peer failed shows as a negative exit code, not as a timeout.
+    """
     deadline = time.monotonic() + timeout
-    timed_out = False
+    kill_at = deadline
     while True:
         alive = [p for p in procs if p.exitcode is None]
         if not alive:
-            break
+            return False
         now = time.monotonic()
         if any(p.exitcode not in (None, 0) for p in procs):
-            deadline = min(deadline, now + FAILURE_GRACE_SECONDS)
-        if now >= deadline:
-            timed_out = True
+            kill_at = min(kill_at, now + FAILURE_GRACE_SECONDS)
+        if now >= kill_at:
             for p in alive:
                 p.kill()
             for p in alive:
                 p.join()
-            break
+            return now >= deadline
         multiprocessing.connection.wait(
-            [p.sentinel for p in alive], timeout=min(0.5, deadline - now)
+            [p.sentinel for p in alive], timeout=min(0.5, kill_at - now)
         )
-    for p in procs:
-        p.join()
-    return timed_out

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,6 @@ SCHEMA = "dcp-invariant/receipt/1"
 # DCP's only commit marker: FileSystemWriter.finish() renames it into place last.
 METADATA_FILE = ".metadata"
 CHUNK_BYTES = 1 << 20
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class SealError(Exception):
@@ -102,7 +100,7 @@ class Receipt:
                 or isinstance(item["size"], bool)
                 or item["size"] < 0
                 or not isinstance(item["sha256"], str)
-                or not _HEX64.fullmatch(item["sha256"])
+                or not canonical.HEX64.fullmatch(item["sha256"])
             ):
                 raise ReceiptError(f"receipt: malformed file entry {item!r}")
             files.append(FileEntry(item["path"], item["size"], item["sha256"]))

@@ -16,6 +16,7 @@ Obs = dict[str, Any]
 
 DYING_RANK = 1
 ELASTIC_EXIT_CODE = 91
+RANK_EXIT_CODE = 86
 ELASTIC_ARGUMENTS = (
     "--standalone",
     "--local-addr=127.0.0.1",
@@ -23,11 +24,22 @@ ELASTIC_ARGUMENTS = (
     "--nproc-per-node=2",
     "--max-restarts=1",
 )
+# Torchrun flags that, given again later on the command line, would override the ones above.
+_OVERRIDABLE = (
+    "--standalone",
+    "--local-addr",
+    "--local_addr",
+    "--nnodes",
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "--max-restarts",
+    "--max_restarts",
+)
 DAMAGE_EXPECTATIONS = {
-    # scenario damage -> (kind, reason the receipt check must give for the damaged file)
-    "missing_metadata": ("remove", "missing"),
-    "missing_shard": ("remove", "missing"),
-    "corrupt_shard": ("flip", "digest"),
+    # scenario damage -> (kind, suffix the damaged file's name must have, receipt check reason)
+    "missing_metadata": ("remove", ".metadata", "missing"),
+    "missing_shard": ("remove", ".distcp", "missing"),
+    "corrupt_shard": ("flip", ".distcp", "digest"),
 }
 
 
@@ -71,7 +83,7 @@ def expected_shard_rows(rows: int, world_size: int, rank: int) -> int:
 
 
 def _training(scenario: schema.Scenario, obs: Obs) -> list[str]:
-    reasons, saved, reference = _training_source(obs, scenario.source_world_size, saves=1)
+    reasons, saved, reference = _training_source(obs, scenario.source_world_size)
     commit = obs["commit"]
     if commit is None:
         return [*reasons, "commit: did not run"]
@@ -87,7 +99,12 @@ def _training(scenario: schema.Scenario, obs: Obs) -> list[str]:
 
 def _dtensor(scenario: schema.Scenario, obs: Obs) -> list[str]:
     rows, *rest = obs["global_shape"] or [0]
-    reasons = _group(obs["source"], scenario.source_world_size, "source")
+    reasons = []
+    plan = (obs["global_shape"], obs["placement"], obs["dtype"])
+    expected_plan = (list(schema.DTENSOR_SHAPE), schema.DTENSOR_PLACEMENT, schema.DTENSOR_DTYPE)
+    if plan != expected_plan:
+        reasons.append(f"plan: tested {plan}, the scenario is defined as {expected_plan}")
+    reasons += _group(obs["source"], scenario.source_world_size, "source")
     source_ranks = obs["source"]["ranks"]
     reasons += _consensus(
         [r["global_digest"] for r in source_ranks], "source: global tensor digest"
@@ -116,7 +133,7 @@ def _dtensor(scenario: schema.Scenario, obs: Obs) -> list[str]:
 
 
 def _elastic(scenario: schema.Scenario, obs: Obs) -> list[str]:
-    reasons, saved, reference = _training_source(obs, scenario.source_world_size, saves=1)
+    reasons, saved, reference = _training_source(obs, scenario.source_world_size)
     commit = obs["commit"]
     if commit is None:
         return [*reasons, "commit: did not run"]
@@ -124,9 +141,13 @@ def _elastic(scenario: schema.Scenario, obs: Obs) -> list[str]:
     launcher = obs["launcher"]
     if launcher is None:
         return [*reasons, "torchrun: did not run"]
-    missing = [a for a in ELASTIC_ARGUMENTS if a not in launcher["arguments"]]
-    if missing:
-        reasons.append(f"torchrun: launched without {' '.join(missing)}")
+    arguments = launcher["arguments"]
+    head, tail = arguments[: len(ELASTIC_ARGUMENTS)], arguments[len(ELASTIC_ARGUMENTS) :]
+    overridden = [a for a in tail if a.startswith(_OVERRIDABLE)]
+    if head != list(ELASTIC_ARGUMENTS) or overridden:
+        reasons.append(
+            f"torchrun: launched with {' '.join(arguments)}, not {' '.join(ELASTIC_ARGUMENTS)}"
+        )
     if launcher["timed_out"]:
         reasons.append("torchrun: timed out and was killed")
     elif launcher["exit_code"] != 0:
@@ -165,12 +186,26 @@ def _rank_exit(scenario: schema.Scenario, obs: Obs) -> list[str]:
     source = obs["source"]
     codes = source["exit_codes"]
     dying, planned = obs["dying_rank"], obs["planned_exit_code"]
+    if (dying, planned) != (DYING_RANK, RANK_EXIT_CODE):
+        reasons.append(
+            f"plan: rank {dying} was to exit {planned}; the scenario defines rank {DYING_RANK}, "
+            f"code {RANK_EXIT_CODE}"
+        )
+    if source["timed_out"]:
+        reasons.append("source: timed out and was killed")
     if len(codes) != scenario.source_world_size:
         reasons.append(f"source: {len(codes)} exit codes for {scenario.source_world_size} ranks")
     elif not 0 <= dying < len(codes):
         reasons.append(f"source: the dying rank {dying} is not in a group of {len(codes)}")
-    elif codes[dying] != planned:
-        reasons.append(f"source rank {dying}: exit code {codes[dying]}, expected {planned}")
+    else:
+        if codes[dying] != planned:
+            reasons.append(f"source rank {dying}: exit code {codes[dying]}, expected {planned}")
+        # DCP's save is collective: a peer that finished it cleanly never noticed the death.
+        reasons += [
+            f"source rank {r}: exited 0 although a peer died in the middle of the save"
+            for r, c in enumerate(codes)
+            if r != dying and c == 0
+        ]
     reasons += _rank_set(source["ranks"], scenario.source_world_size, "source")
     reasons += _consensus([r["saves"][0] for r in source["ranks"] if r["saves"]], "baseline")
     reasons += _refused_after_baseline(obs, "candidate")
@@ -185,10 +220,14 @@ def _rank_exit(scenario: schema.Scenario, obs: Obs) -> list[str]:
 
 def _damaged(scenario: schema.Scenario, obs: Obs) -> list[str]:
     reasons = _group(obs["source"], scenario.source_world_size, "source")
-    kind, reason = DAMAGE_EXPECTATIONS[scenario.damage or ""]
+    kind, suffix, reason = DAMAGE_EXPECTATIONS[scenario.damage or ""]
     damage = obs["damage"]
     if damage["kind"] != kind:
         reasons.append(f"damage: expected a {kind}, recorded a {damage['kind']}")
+    if not damage["path"].endswith(suffix):
+        reasons.append(f"damage: hit {damage['path']!r}, the scenario damages a {suffix} file")
+    if (damage["offset"] is None) != (kind == "remove"):
+        reasons.append("damage: a flip needs the offset it flipped, a removal has none")
     reasons += _refused_after_baseline(obs, "candidate")
     candidate = obs["candidate"]
     if candidate is None:
@@ -219,15 +258,15 @@ _FAMILIES = {
 # --- shared checks --------------------------------------------------------------------------
 
 
-def _training_source(obs: Obs, world_size: int, saves: int) -> tuple[list[str], Any, Any]:
+def _training_source(obs: Obs, world_size: int) -> tuple[list[str], Any, Any]:
     """Reasons about the saving group, plus the saved state and uninterrupted next step (rank 0)."""
     source = obs["source"]
     reasons = _group(source, world_size, "source")
     ranks = source["ranks"]
     for rank in ranks:
-        if len(rank["saves"]) != saves or rank["next"] is None:
-            reasons.append(f"source rank {rank['rank']}: did not save and step as planned")
-    complete = [r for r in ranks if len(r["saves"]) == saves and r["next"] is not None]
+        if len(rank["saves"]) != 1 or rank["next"] is None:
+            reasons.append(f"source rank {rank['rank']}: did not save once and step as planned")
+    complete = [r for r in ranks if len(r["saves"]) == 1 and r["next"] is not None]
     reasons += _consensus([r["saves"][-1] for r in complete], "source: saved state")
     reasons += _consensus([r["next"] for r in complete], "source: uninterrupted next step")
     if not complete:
@@ -264,9 +303,10 @@ def _promoted(commit: Obs, where: str) -> list[str]:
     if not commit["sealed"]:
         reasons.append(f"{where}: {commit['label']} was not sealed ({commit['seal_error']})")
     if not commit["promoted"]:
-        refused = "; ".join(f"{f['path']}: {f['reason']}" for f in commit["refused"])
-        reasons.append(f"{where}: {commit['label']} was not promoted ({refused or 'no reason'})")
+        reasons.append(f"{where}: {commit['label']} was not promoted ({_refusals(commit)})")
         return reasons
+    if commit["receipt"] is None or commit["refused"]:
+        reasons.append(f"{where}: promoted without a clean receipt ({_refusals(commit)})")
     names = [f["path"] for f in commit["files"]]
     if ".metadata" not in names or not any(n.endswith(".distcp") for n in names):
         reasons.append(f"{where}: the generation lacks .metadata or a .distcp shard: {names}")
@@ -309,8 +349,7 @@ def _loaded_through_pointer(rank: Obs, commit: Obs, where: str) -> list[str]:
             f"{where}: loaded generation {rank['generation']}, not the committed {commit['receipt']}"
         )
     if not rank["verified_before_load"]:
-        refused = "; ".join(f"{f['path']}: {f['reason']}" for f in rank["refused"])
-        reasons.append(f"{where}: receipt verification failed before load ({refused})")
+        reasons.append(f"{where}: receipt verification failed before load ({_refusals(rank)})")
     elif not rank["verified_after_load"]:
         reasons.append(f"{where}: receipt verification failed after load")
     return reasons
@@ -378,3 +417,7 @@ def _guard(attestation: Obs | None) -> list[str]:
     if attestation["stores_built"] < 1:
         reasons.append("torchrun guard: no rendezvous store was built")
     return reasons
+
+
+def _refusals(record: Obs) -> str:
+    return "; ".join(f"{f['path']}: {f['reason']}" for f in record["refused"]) or "no reason"

@@ -47,7 +47,7 @@ def registered_pairs() -> str:
     return ", ".join(f"{r.distribution}/{r.torch}" for r in RUNTIMES)
 
 
-def require(distribution: str | None, torch_version: str | None = None) -> Runtime | None:
+def require(distribution: str | None, torch_version: str | None = None) -> None:
     """Check what can be checked: the distribution alone, or the exact pair once torch is imported."""
     if distribution is None:
         raise UnsupportedRuntime(
@@ -56,12 +56,11 @@ def require(distribution: str | None, torch_version: str | None = None) -> Runti
         )
     if torch_version is None:
         if any(r.distribution == distribution for r in RUNTIMES):
-            return None
+            return
         installed = f"{distribution}/(not imported)"
     else:
-        runtime = find(distribution, torch_version)
-        if runtime is not None:
-            return runtime
+        if find(distribution, torch_version) is not None:
+            return
         installed = f"{distribution}/{torch_version}"
     raise UnsupportedRuntime(
         f"unregistered torch runtime {installed} (distribution/torch.__version__); "

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 SCHEMA_VERSION = 2
 MAX_FILE_BYTES = 1 << 20  # observations are a few KiB; anything near this is not ours
 
+# The DTensor scenarios' tensor: seven rows over two ranks shard as 4 and 3, so resharding is
+# uneven too. Workers build it from these; the rules hold observations to them.
+DTENSOR_SHAPE = (7, 3)
+DTENSOR_PLACEMENT = "Shard(0)"
+DTENSOR_DTYPE = "torch.float64"
+
 
 @dataclass(frozen=True)
 class Scenario:

@@ -75,16 +75,20 @@ class CheckpointStore:
     def seal(self, label: str) -> Receipt:
         """Inventory a finished candidate, make its files durable, and record its receipt beside it."""
         directory = self.candidate(label)
-        receipt_path = self.candidates / f"{label}{RECEIPT_SUFFIX}"
+        receipt_path = self._receipt_path(label)
         if receipt_path.exists():
             raise StoreError(
                 f"{label} is already sealed: promote it, or remove {receipt_path.name}"
             )
         sealed = receipt.seal(directory, label)
         for entry in sealed.files:
-            durable.fsync_file(directory / entry.path)
+            durable.fsync(directory / entry.path)
+        durable.fsync(directory)
         durable.replace_file(receipt_path, sealed.encode())
         return sealed
+
+    def _receipt_path(self, label: str) -> Path:
+        return self.candidates / f"{label}{RECEIPT_SUFFIX}"
 
     def promote(self, label: str) -> Generation:
         """Re-verify a sealed candidate, move it into ``generations/`` and only then move the pointer.
@@ -110,22 +114,28 @@ class CheckpointStore:
             self.generations.mkdir(parents=True, exist_ok=True)
             durable.replace_file(self.generations / f"{digest}{RECEIPT_SUFFIX}", sealed.encode())
             os.replace(source, target)
-            durable.fsync_directory(self.generations)
-            durable.fsync_directory(self.candidates)
-            for path in target.iterdir():
-                path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+            durable.fsync(self.generations)
+            durable.fsync(self.candidates)
+        # Also on the retry after a crash: the generation is immutable from here on.
+        for path in target.iterdir():
+            path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         sequence = 1 if current is None else current.sequence + 1
         pointer.write(self.pointer_path, pointer.Pointer(label, digest, sequence))
-        (self.candidates / f"{label}{RECEIPT_SUFFIX}").unlink(missing_ok=True)
+        self._receipt_path(label).unlink(missing_ok=True)
         return Generation(target, sealed)
 
     def _candidate_receipt(self, label: str) -> Receipt:
         try:
-            return Receipt.decode((self.candidates / f"{label}{RECEIPT_SUFFIX}").read_bytes())
+            sealed = Receipt.decode(self._receipt_path(label).read_bytes())
         except FileNotFoundError as exc:
             raise StoreError(f"{label} has no receipt: seal it before promoting") from exc
         except ReceiptError as exc:
             raise StoreError(f"{label}: {exc}; seal the candidate again") from exc
+        if sealed.label != label:
+            raise StoreError(
+                f"{label}: its receipt seals {sealed.label!r}; seal the candidate again"
+            )
+        return sealed
 
     def read_pointer(self) -> pointer.Pointer | None:
         try:
@@ -168,6 +178,11 @@ class CheckpointStore:
             generation = Generation(self.generations / digest, Receipt.decode(raw))
         except ReceiptError as exc:
             raise StoreError(f"generation {digest[:12]}: {exc}") from exc
+        if generation.receipt.label != current.label:
+            raise StoreError(
+                f"generation {digest[:12]}: the pointer names {current.label!r}, "
+                f"the receipt {generation.receipt.label!r}"
+            )
         self.verify(generation)
         return generation
 

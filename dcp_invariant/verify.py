@@ -52,20 +52,13 @@ def verify_artifact(directory: Path) -> Report:
             report.problems += [f"{schema.observation_file(name)}: {p}" for p in shape_problems]
             continue
         report.results[name] = rules.result_record(name, obs)
-    for name, result in report.results.items():
-        rel = schema.result_file(name)
-        if rel in files and files[rel] != canonical.dumps(result):
-            report.problems.append(
-                f"{rel}: differs from the result re-derived from its observation"
-            )
+    # Results, then (when every scenario could be derived) summary and JUnit: all re-derived.
+    expected = {schema.result_file(n): canonical.dumps(r) for n, r in report.results.items()}
     if len(report.results) == len(schema.SCENARIO_NAMES):
-        for rel, data in artifact.derived(report.results).items():
-            if rel in files and rel.startswith("results/"):
-                continue
-            if rel in files and files[rel] != data:
-                report.problems.append(
-                    f"{rel}: differs from the one re-derived from the observations"
-                )
+        expected.update(artifact.derived(report.results))
+    for rel, data in expected.items():
+        if rel in files and files[rel] != data:
+            report.problems.append(f"{rel}: differs from what its observations derive")
     return report
 
 
@@ -79,6 +72,11 @@ def _read_files(root: Path, problems: list[str]) -> dict[str, bytes] | None:
         return None
     except _TooMany:
         problems.append(f"more than {_MAX_ENTRIES} entries: this is not an evidence artifact")
+        return None
+    except OSError as exc:
+        problems.append(
+            f"{canonical.printable(str(exc.filename))}: cannot be listed ({exc.strerror})"
+        )
         return None
     files: dict[str, bytes] = {}
     for name, st in entries:
@@ -98,8 +96,12 @@ def _read_files(root: Path, problems: list[str]) -> dict[str, bytes] | None:
                 f"{rel}: {st.st_size} bytes, over the {schema.MAX_FILE_BYTES}-byte bound"
             )
             continue
-        with open(root / rel, "rb") as f:
-            data = f.read(schema.MAX_FILE_BYTES + 1)
+        try:
+            with open(root / rel, "rb") as f:
+                data = f.read(schema.MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            problems.append(f"{rel}: cannot be read ({exc.strerror})")
+            continue
         if len(data) > schema.MAX_FILE_BYTES:
             problems.append(f"{rel}: grew past the {schema.MAX_FILE_BYTES}-byte bound while read")
             continue
@@ -121,10 +123,9 @@ def _walk(root: Path, prefix: str, out: list[tuple[str, os.stat_result]]) -> Non
             out.append((rel, st))
             if len(out) > _MAX_ENTRIES:
                 raise _TooMany
+            # Deeper directories are not walked: they are reported as unexpected.
             if stat.S_ISDIR(st.st_mode) and not prefix:
                 _walk(root, rel, out)
-            elif stat.S_ISDIR(st.st_mode):
-                pass  # nested deeper than one level: reported as an unexpected directory
 
 
 def _load(files: dict[str, bytes], rel: str, problems: list[str]) -> Any:

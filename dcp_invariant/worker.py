@@ -14,6 +14,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,13 @@ def loopback_interface() -> str | None:
     return None
 
 
-def run(task: str, rank: int, world_size: int, group: str, payload: dict[str, Any]) -> None:
-    """Entry point of a worker whose working directory is its scenario's workspace."""
+def run(
+    task: str, rank: int, world_size: int, group: str, payload: dict[str, Any], timeout: float
+) -> None:
+    """Entry point of a worker whose working directory is its scenario's workspace.
+
+    ``timeout`` bounds every collective, so a rank whose peer vanished fails instead of hanging.
+    """
     workdir = Path.cwd()
     os.environ.update(isolated_environment(workdir))
     tempfile.tempdir = None
@@ -72,7 +78,9 @@ def run(task: str, rank: int, world_size: int, group: str, payload: dict[str, An
     report = reporter(result_path(group, rank))
     # A FileStore needs no port: only Gloo's own sockets listen, on loopback.
     store = dist.FileStore(f"pg/{group}", world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
+    )
     try:
         fn(rank, world_size, payload, report)
     finally:
@@ -80,11 +88,17 @@ def run(task: str, rank: int, world_size: int, group: str, payload: dict[str, An
 
 
 def forked(
-    task: str, rank: int, world_size: int, workdir: str, group: str, payload: dict[str, Any]
+    task: str,
+    rank: int,
+    world_size: int,
+    workdir: str,
+    group: str,
+    payload: dict[str, Any],
+    timeout: float,
 ) -> None:
     """Target of a forked or spawned worker: move into the workspace, then :func:`run`."""
     os.chdir(workdir)
-    run(task, rank, world_size, group, payload)
+    run(task, rank, world_size, group, payload, timeout)
 
 
 def reporter(path: str) -> Report:

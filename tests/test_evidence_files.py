@@ -311,7 +311,7 @@ def test_real_provenance_is_valid() -> None:
 )
 def test_registered_pairs_are_found_and_required(registered: runtimes.Runtime) -> None:
     assert runtimes.find(registered.distribution, registered.torch) is registered
-    assert runtimes.require(registered.distribution, registered.torch) is registered
+    assert runtimes.require(registered.distribution, registered.torch) is None
     # Before torch is imported only the distribution can be checked; that check passes.
     assert runtimes.require(registered.distribution) is None
 

@@ -165,7 +165,7 @@ RESUME = [
         "source: uninterrupted next step: ranks disagree",
         two_source_ranks,
     ),
-    Mutation("source did not save", _drop_first_save, "did not save and step as planned"),
+    Mutation("source did not save", _drop_first_save, "did not save once and step as planned"),
     Mutation(
         "source exit code nonzero",
         setter("source", "exit_codes", 0, value=1),
@@ -190,6 +190,11 @@ RESUME = [
 
 TRAINING = [
     *RESUME,
+    Mutation(
+        "promoted without a receipt",
+        setter("commit", "receipt", value=None),
+        "promoted without a clean receipt",
+    ),
     Mutation(
         "target exit code nonzero",
         setter("target", "exit_codes", 0, value=1),
@@ -273,12 +278,17 @@ ELASTIC = [
     Mutation(
         "torchrun without --max-restarts",
         _without_argument("--max-restarts=1"),
-        "launched without --max-restarts=1",
+        "not --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=2 --max-restarts=1",
     ),
     Mutation(
         "torchrun without --local-addr",
         _without_argument("--local-addr=127.0.0.1"),
-        "launched without --local-addr=127.0.0.1",
+        "not --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=2 --max-restarts=1",
+    ),
+    Mutation(
+        "torchrun restart count overridden later on the command line",
+        lambda obs: obs["launcher"]["arguments"].append("--max_restarts=5"),
+        "torchrun: launched with",
     ),
     Mutation("torchrun did not run", setter("launcher", value=None), "torchrun: did not run"),
     Mutation(
@@ -326,6 +336,8 @@ def _source_digests_disagree(obs: Obs) -> None:
 
 
 DTENSOR = [
+    Mutation("plan changed", setter("global_shape", value=[8, 3]), "plan: tested"),
+    Mutation("placement changed", setter("placement", value="Replicate()"), "plan: tested"),
     Mutation(
         "target shard shape", _bad_target_shape, "target rank 0: local shard shape [5, 3], expected"
     ),
@@ -451,6 +463,15 @@ RANK_EXIT = [
         lambda obs: obs["source"]["ranks"].pop(),
         "source: reports from ranks",
     ),
+    # The observation may not choose its own plan: the scenario defines who dies, and how.
+    Mutation("plan names another rank", setter("dying_rank", value=0), "plan: rank 0 was to exit"),
+    Mutation("plan names another code", setter("planned_exit_code", value=1), "code 86"),
+    Mutation("source timed out", setter("source", "timed_out", value=True), "source: timed out"),
+    Mutation(
+        "peer finished the save",
+        setter("source", "exit_codes", 0, value=0),
+        "exited 0 although a peer died",
+    ),
 ]
 
 
@@ -473,6 +494,14 @@ def _damage_of_another_kind(obs: Obs) -> None:
 
 def _damage_elsewhere(obs: Obs) -> None:
     obs["damage"]["path"] = "__9_0.distcp"
+
+
+def _damage_other_file(obs: Obs) -> None:
+    obs["damage"]["path"] = "__1_0.distcp" if obs["scenario"] == "missing_metadata" else ".metadata"
+
+
+def _damage_offset_toggled(obs: Obs) -> None:
+    obs["damage"]["offset"] = 7 if obs["damage"]["offset"] is None else None
 
 
 def _candidate_reuses_baseline_receipt(obs: Obs) -> None:
@@ -505,6 +534,8 @@ DAMAGED = [
         "source rank 1: exited with code 1",
     ),
     Mutation("source timed out", setter("source", "timed_out", value=True), "source: timed out"),
+    Mutation("damage hit the wrong kind of file", _damage_other_file, "damage: hit"),
+    Mutation("damage offset inconsistent", _damage_offset_toggled, "a flip needs the offset"),
 ]
 
 BY_FAMILY = {

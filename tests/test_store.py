@@ -299,3 +299,43 @@ def test_an_interrupted_promotion_whose_generation_was_damaged_is_refused(
 def test_a_label_that_would_collide_with_a_receipt_file_is_refused(store: CheckpointStore) -> None:
     with pytest.raises(StoreError, match="invalid checkpoint label"):
         store.candidate("step-1.receipt.json")
+
+
+def test_a_receipt_sealed_for_another_label_is_not_promoted(store: CheckpointStore) -> None:
+    write_candidate(store, "step-1")
+    write_candidate(store, "step-2")
+    store.seal("step-2")
+    # step-1's receipt swapped for step-2's: same protocol, wrong checkpoint.
+    (store.candidates / "step-2.receipt.json").rename(store.candidates / "step-1.receipt.json")
+    with pytest.raises(StoreError, match="its receipt seals 'step-2'"):
+        store.promote("step-1")
+    assert store.pointer_bytes() is None
+
+
+def test_resolve_refuses_a_pointer_whose_label_disagrees_with_the_receipt(
+    store: CheckpointStore,
+) -> None:
+    generation = commit(store, "step-1")
+    current = store.read_pointer()
+    pointer.write(
+        store.pointer_path, pointer.Pointer("step-9", generation.digest, current.sequence)
+    )
+    with pytest.raises(StoreError, match="the pointer names 'step-9'"):
+        store.resolve()
+
+
+def test_the_retry_after_a_crash_leaves_the_generation_read_only(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_candidate(store, "step-1")
+    sealed = store.seal("step-1")
+    real_chmod = Path.chmod
+    with monkeypatch.context() as patch:
+        # The crash lands after the move, before the files were made read-only.
+        patch.setattr(Path, "chmod", lambda self, mode: (_ for _ in ()).throw(OSError("crash")))
+        with pytest.raises(OSError, match="crash"):
+            store.promote("step-1")
+    assert Path.chmod is real_chmod
+    store.promote("step-1")
+    for path in (store.generations / sealed.digest).iterdir():
+        assert not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)

@@ -297,21 +297,21 @@ CASES = [
         edit(RESULT, _flip_verdict),
         True,
         RESULT,
-        "re-derived",
+        "differs from what its observations derive",
     ),
     (
         "summary edited",
         edit(schema.SUMMARY_FILE, _summary_claims_a_failure),
         True,
         "summary.json",
-        "re-derived",
+        "differs from what its observations derive",
     ),
     (
         "junit edited",
         replace_bytes(schema.JUNIT_FILE, b'failures="0"', b'failures="1"'),
         True,
         "junit.xml",
-        "re-derived",
+        "differs from what its observations derive",
     ),
 ]
 
@@ -351,7 +351,7 @@ def test_result_flip_is_caught_only_by_rederivation(artifact_copy: Path) -> None
 
     report = verify_artifact(artifact_copy)
 
-    assert report.problems == [f"{RESULT}: differs from the result re-derived from its observation"]
+    assert report.problems == [f"{RESULT}: differs from what its observations derive"]
     assert report.results["training_2_to_2"]["verdict"] == "pass"
 
 

@@ -9,18 +9,27 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dcp_invariant import schema
+from dcp_invariant.canonical import CanonicalJSONError
 from dcp_invariant.procs import GroupOutcome, WorkerPool
-from dcp_invariant.receipt import SealError
-from dcp_invariant.store import CheckpointStore, PromotionRefused
+from dcp_invariant.receipt import ReceiptMismatch, SealError
+from dcp_invariant.store import CheckpointStore, PromotionRefused, StoreError
 
 TASKS = "dcp_invariant.scenarios.tasks"
+LOAD_TASKS = ("load_and_step", "dtensor_load")
 STORE_ROOT = "ckpt"  # relative to the workspace: checkpoint ids never carry an absolute path
 STEPS_BEFORE_SAVE = 3
+BASELINE = f"step-{STEPS_BEFORE_SAVE}"
+CANDIDATE = f"step-{STEPS_BEFORE_SAVE + 1}"
+# Failures of the protocol or of what workers left on disk: the scenario records them and fails,
+# the rest of the suite goes on. Anything else is a bug in this package and stops the run.
+DRIVER_ERRORS = (StoreError, SealError, ReceiptMismatch, CanonicalJSONError, OSError, KeyError)
 
 
 class Interner:
@@ -52,17 +61,25 @@ class ScenarioContext:
     fixture: str
     intern: Interner = field(default_factory=Interner)
     outcomes: list[tuple[str, GroupOutcome]] = field(default_factory=list)
+    tasks_run: list[str] = field(default_factory=list)
+    # What the console shows about a failure and the evidence must not hold (paths, digests).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def store(self) -> CheckpointStore:
         return CheckpointStore(self.workdir / STORE_ROOT)
 
     def group(self, name: str, task: str, world_size: int, payload: dict[str, Any]) -> GroupOutcome:
+        self.tasks_run.append(task)
         outcome = self.pool.run_group(f"{TASKS}:{task}", world_size, self.workdir, name, payload)
         self.outcomes.append((name, outcome))
         return outcome
 
-    def base_observation(self) -> dict[str, Any]:
+    def load_attempted(self) -> bool:
+        return any(task in LOAD_TASKS for task in self.tasks_run)
+
+    def begin(self, **fields: Any) -> dict[str, Any]:
+        """The observation with every field present, so a scenario cut short still has its shape."""
         sc = self.scenario
         return {
             "errors": [],
@@ -70,7 +87,18 @@ class ScenarioContext:
             "schema_version": schema.SCHEMA_VERSION,
             "source_world_size": sc.source_world_size,
             "target_world_size": sc.target_world_size,
+            "source": {"exit_codes": [], "timed_out": False, "ranks": []},
+            **fields,
         }
+
+    @contextmanager
+    def recording(self, obs: dict[str, Any]) -> Iterator[None]:
+        """Turn a driver error into a recorded, run-independent reason instead of a crash."""
+        try:
+            yield
+        except DRIVER_ERRORS as exc:
+            obs["errors"].append(f"the driver stopped on {type(exc).__name__}")
+            self.notes.append(f"{type(exc).__name__}: {exc}")
 
     def candidate_id(self, label: str) -> str:
         return f"{STORE_ROOT}/candidates/{label}"

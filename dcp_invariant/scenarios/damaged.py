@@ -10,23 +10,27 @@ from pathlib import Path
 from typing import Any
 
 from dcp_invariant.receipt import METADATA_FILE
-from dcp_invariant.scenarios.common import STEPS_BEFORE_SAVE, ScenarioContext, training_saves
-
-BASELINE = f"step-{STEPS_BEFORE_SAVE}"
-CANDIDATE = f"step-{STEPS_BEFORE_SAVE + 1}"
+from dcp_invariant.scenarios.common import (
+    BASELINE,
+    CANDIDATE,
+    STEPS_BEFORE_SAVE,
+    ScenarioContext,
+    training_saves,
+)
 
 
 def _last_shard(directory: Path) -> Path:
     shards = sorted(
         p for p in directory.iterdir() if p.suffix == ".distcp" and p.stat().st_size > 0
     )
+    if not shards:
+        raise FileNotFoundError(f"{directory.name} holds no non-empty .distcp shard to damage")
     return shards[-1]
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
     sc = ctx.scenario
-    obs = ctx.base_observation()
-    obs.update(
+    obs = ctx.begin(
         fixture=ctx.fixture,
         steps_before_save=STEPS_BEFORE_SAVE,
         damage={
@@ -38,22 +42,6 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         candidate=None,
         load_attempted=False,
     )
-    source = ctx.group(
-        "source",
-        "train_and_save",
-        sc.source_world_size,
-        {
-            "fixture": ctx.fixture,
-            "saves": training_saves(
-                ctx, (BASELINE, STEPS_BEFORE_SAVE), (CANDIDATE, STEPS_BEFORE_SAVE + 1)
-            ),
-            "reference_step": False,
-        },
-    )
-    obs["source"] = source.record()
-    if not source.ok:
-        return obs
-    obs["baseline"] = ctx.commit(BASELINE)
 
     def damage(candidate: Path) -> None:
         if sc.damage == "missing_metadata":
@@ -73,5 +61,22 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
             obs["damage"]["offset"] = offset
         obs["damage"]["path"] = target.name
 
-    obs["candidate"] = ctx.commit(CANDIDATE, damage=damage)
+    with ctx.recording(obs):
+        source = ctx.group(
+            "source",
+            "train_and_save",
+            sc.source_world_size,
+            {
+                "fixture": ctx.fixture,
+                "saves": training_saves(
+                    ctx, (BASELINE, STEPS_BEFORE_SAVE), (CANDIDATE, STEPS_BEFORE_SAVE + 1)
+                ),
+                "reference_step": False,
+            },
+        )
+        obs["source"] = source.record()
+        if source.ok:
+            obs["baseline"] = ctx.commit(BASELINE)
+            obs["candidate"] = ctx.commit(CANDIDATE, damage=damage)
+    obs["load_attempted"] = ctx.load_attempted()
     return obs

@@ -21,6 +21,7 @@ from dcp_invariant import canonical, worker
 from dcp_invariant.receipt import ReceiptMismatch
 from dcp_invariant.rules import DYING_RANK, ELASTIC_ARGUMENTS, ELASTIC_EXIT_CODE
 from dcp_invariant.scenarios.common import (
+    BASELINE,
     STEPS_BEFORE_SAVE,
     STORE_ROOT,
     ScenarioContext,
@@ -30,16 +31,22 @@ from dcp_invariant.store import StoreError
 from dcp_invariant.torchrun import guard
 from dcp_invariant.torchrun.worker import MARKER_FILE
 
-LABEL = f"step-{STEPS_BEFORE_SAVE}"
 ATTESTATION_FILE = "guard.json"
 PAYLOAD_FILE = "torchrun-payload.json"
 LOG_FILE = "logs/torchrun.log"
+WORKER_MODULE = "dcp_invariant.torchrun.worker"
+# torchrun answers SIGTERM by stopping its workers, which run in sessions of their own (torch
+# 2.13 starts them with start_new_session): the agent is asked first, then killed.
+STOP_GRACE_SECONDS = 15.0
+
+
+def torchrun_arguments() -> list[str]:
+    return [*ELASTIC_ARGUMENTS, "--monitor-interval=0.1", "--module", WORKER_MODULE, PAYLOAD_FILE]
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
     sc = ctx.scenario
-    obs = ctx.base_observation()
-    obs.update(
+    obs = ctx.begin(
         fixture=ctx.fixture,
         steps_before_save=STEPS_BEFORE_SAVE,
         commit=None,
@@ -48,44 +55,47 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         target=None,
         after=None,
     )
-    source = ctx.group(
-        "source",
-        "train_and_save",
-        sc.source_world_size,
-        {
-            "fixture": ctx.fixture,
-            "saves": training_saves(ctx, (LABEL, STEPS_BEFORE_SAVE)),
-            "reference_step": True,
-        },
-    )
-    obs["source"] = source.record()
-    if not source.ok:
-        return obs
-    obs["commit"] = ctx.commit(LABEL)
-    if not obs["commit"]["promoted"]:
-        return obs
+    with ctx.recording(obs):
+        source = ctx.group(
+            "source",
+            "train_and_save",
+            sc.source_world_size,
+            {
+                "fixture": ctx.fixture,
+                "saves": training_saves(ctx, (BASELINE, STEPS_BEFORE_SAVE)),
+                "reference_step": True,
+            },
+        )
+        obs["source"] = source.record()
+        if not source.ok:
+            return obs
+        obs["commit"] = ctx.commit(BASELINE)
+        if not obs["commit"]["promoted"]:
+            return obs
 
-    exit_code, timed_out = _torchrun(ctx.workdir, ctx.fixture, ctx.pool.timeout)
-    attestation = ctx.workdir / ATTESTATION_FILE
-    obs["launcher"] = {
-        "arguments": list(ELASTIC_ARGUMENTS),
-        "exit_code": exit_code,
-        "timed_out": timed_out,
-        "guard": canonical.loads(attestation.read_bytes(), what=ATTESTATION_FILE)
-        if attestation.exists()
-        else None,
-    }
-    marker = ctx.workdir / MARKER_FILE
-    if marker.exists():
-        obs["failure_marker"] = canonical.loads(marker.read_bytes(), what=MARKER_FILE)
-    ranks = []
-    for rank in range(sc.target_world_size):
-        path = ctx.workdir / worker.result_path("elastic-attempt1", rank)
-        if path.exists():
-            record = canonical.loads(path.read_bytes(), what=path.name)
-            ranks.append({**record, "generation": ctx.intern("receipt", record["generation"])})
-    obs["target"] = {"ranks": ranks}
-    obs["after"] = _after(ctx, obs)
+        exit_code, timed_out = _torchrun(ctx.workdir, ctx.fixture, ctx.pool.timeout)
+        attestation = ctx.workdir / ATTESTATION_FILE
+        obs["launcher"] = {
+            "arguments": torchrun_arguments(),
+            "exit_code": exit_code,
+            "timed_out": timed_out,
+            "guard": canonical.loads(attestation.read_bytes(), what=ATTESTATION_FILE)
+            if attestation.exists()
+            else None,
+        }
+        if exit_code != 0:
+            ctx.notes.append((ctx.workdir / LOG_FILE).read_text(errors="replace")[-4000:])
+        marker = ctx.workdir / MARKER_FILE
+        if marker.exists():
+            obs["failure_marker"] = canonical.loads(marker.read_bytes(), what=MARKER_FILE)
+        ranks = []
+        for rank in range(sc.target_world_size):
+            path = ctx.workdir / worker.result_path("elastic-attempt1", rank)
+            if path.exists():
+                record = canonical.loads(path.read_bytes(), what=path.name)
+                ranks.append({**record, "generation": ctx.intern("receipt", record["generation"])})
+        obs["target"] = {"ranks": ranks}
+        obs["after"] = _after(ctx, obs)
     return obs
 
 
@@ -95,8 +105,14 @@ def _after(ctx: ScenarioContext, obs: dict[str, Any]) -> dict[str, Any]:
     receipt = None
     try:
         receipt = ctx.intern("receipt", store.resolve().digest)
-    except (StoreError, ReceiptMismatch) as exc:
-        obs["errors"].append(f"post-restart: the committed generation no longer verifies: {exc}")
+    except ReceiptMismatch as exc:
+        failures = "; ".join(map(str, exc.failures))
+        obs["errors"].append(
+            f"post-restart: the committed generation no longer verifies: {failures}"
+        )
+    except StoreError as exc:
+        obs["errors"].append("post-restart: the pointer or its receipt can no longer be read")
+        ctx.notes.append(str(exc))
     return {
         "pointer": ctx.pointer_label(),
         "receipt": receipt,
@@ -113,20 +129,10 @@ def _torchrun(workdir: Path, fixture: str, timeout: float) -> tuple[int, bool]:
         "timeout": timeout,
     }
     (workdir / PAYLOAD_FILE).write_text(json.dumps(payload), encoding="utf-8")
-    command = [
-        sys.executable,
-        "-m",
-        "dcp_invariant.torchrun.launch",
-        *ELASTIC_ARGUMENTS,
-        "--monitor-interval=0.1",
-        "--module",
-        "dcp_invariant.torchrun.worker",
-        PAYLOAD_FILE,
-    ]
+    command = [sys.executable, "-m", "dcp_invariant.torchrun.launch", *torchrun_arguments()]
     env = dict(os.environ)
     env.update(worker.isolated_environment(workdir))
     env[guard.ATTESTATION_ENV] = ATTESTATION_FILE
-    env[guard.SHARE_STORE_ENV] = "1"
     # Workers are fresh interpreters: give them this very package and, as multiprocessing does
     # for its spawned children, the runner's import path, where the fixture module was found.
     package_parent = str(Path(dcp_invariant.__file__).resolve().parent.parent)
@@ -145,10 +151,10 @@ def _torchrun(workdir: Path, fixture: str, timeout: float) -> tuple[int, bool]:
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_tree(proc)
+            _stop(proc)
             return proc.wait(), True
         # The agent reaps its workers; this catches any it could not, so none outlive the run.
-        _kill_tree(proc)
+        _kill_group(proc)
         return code, False
 
 
@@ -158,14 +164,25 @@ def _new_process_group() -> dict[str, Any]:
     return {"start_new_session": True}
 
 
-def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ask torchrun to stop its workers, then kill whatever is left."""
     if os.name == "nt":
         subprocess.run(
             ["taskkill", "/F", "/T", "/PID", str(proc.pid)],
             check=False,
             capture_output=True,
-            timeout=30,
+            timeout=60,
         )
-    else:
-        with contextlib.suppress(ProcessLookupError):  # nothing left in the group
-            os.killpg(proc.pid, signal.SIGKILL)
+        return
+    proc.terminate()
+    # An agent that ignores SIGTERM is killed below, with its workers where they are reachable.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=STOP_GRACE_SECONDS)
+    _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if os.name == "nt":
+        return
+    with contextlib.suppress(ProcessLookupError):  # nothing left in the group
+        os.killpg(proc.pid, signal.SIGKILL)

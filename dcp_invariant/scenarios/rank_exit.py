@@ -9,38 +9,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from dcp_invariant.rules import DYING_RANK
-from dcp_invariant.scenarios.common import STEPS_BEFORE_SAVE, ScenarioContext, training_saves
-
-BASELINE = f"step-{STEPS_BEFORE_SAVE}"
-CANDIDATE = f"step-{STEPS_BEFORE_SAVE + 1}"
-PLANNED_EXIT_CODE = 86
+from dcp_invariant.rules import DYING_RANK, RANK_EXIT_CODE
+from dcp_invariant.scenarios.common import (
+    BASELINE,
+    CANDIDATE,
+    STEPS_BEFORE_SAVE,
+    ScenarioContext,
+    training_saves,
+)
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
     sc = ctx.scenario
-    obs = ctx.base_observation()
-    obs.update(
+    obs = ctx.begin(
         fixture=ctx.fixture,
         steps_before_save=STEPS_BEFORE_SAVE,
         dying_rank=DYING_RANK,
-        planned_exit_code=PLANNED_EXIT_CODE,
+        planned_exit_code=RANK_EXIT_CODE,
         baseline=None,
         candidate=None,
         load_attempted=False,
     )
     saves = training_saves(ctx, (BASELINE, STEPS_BEFORE_SAVE), (CANDIDATE, STEPS_BEFORE_SAVE + 1))
-    saves[1]["crash"] = {"rank": DYING_RANK, "exit_code": PLANNED_EXIT_CODE}
-    source = ctx.group(
-        "source",
-        "train_and_save",
-        sc.source_world_size,
-        {"fixture": ctx.fixture, "saves": saves, "reference_step": False},
-    )
-    obs["source"] = source.record()
-    if source.timed_out:
-        return obs
-    obs["baseline"] = ctx.commit(BASELINE)
-    # No load follows a refused candidate: the driver stops here by construction.
-    obs["candidate"] = ctx.commit(CANDIDATE)
+    saves[1]["crash"] = {"rank": DYING_RANK, "exit_code": RANK_EXIT_CODE}
+    with ctx.recording(obs):
+        source = ctx.group(
+            "source",
+            "train_and_save",
+            sc.source_world_size,
+            {"fixture": ctx.fixture, "saves": saves, "reference_step": False},
+        )
+        obs["source"] = source.record()
+        if not source.timed_out:
+            obs["baseline"] = ctx.commit(BASELINE)
+            obs["candidate"] = ctx.commit(CANDIDATE)
+    obs["load_attempted"] = ctx.load_attempted()
     return obs

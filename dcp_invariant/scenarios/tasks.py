@@ -18,16 +18,15 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from dcp_invariant import schema
 from dcp_invariant.digest import component_digests, value_digest
 from dcp_invariant.fixture import build_app
 from dcp_invariant.receipt import ReceiptMismatch
 from dcp_invariant.store import CheckpointStore
 from dcp_invariant.worker import Report
 
-# Seven rows over two ranks: shards of 4 and 3, so uneven resharding is exercised too.
-DTENSOR_SHAPE = (7, 3)
-DTENSOR_PLACEMENT = "Shard(0)"
-DTENSOR_DTYPE = torch.float64
+DTENSOR_DTYPE = getattr(torch, schema.DTENSOR_DTYPE.removeprefix("torch."))
+DTENSOR_SHAPE = schema.DTENSOR_SHAPE
 
 
 class _CrashingWriter(FileSystemWriter):

@@ -5,41 +5,42 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant.scenarios.common import (
+    BASELINE,
     STEPS_BEFORE_SAVE,
     STORE_ROOT,
     ScenarioContext,
     training_saves,
 )
 
-LABEL = f"step-{STEPS_BEFORE_SAVE}"
-
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
     sc = ctx.scenario
-    obs = ctx.base_observation()
-    obs.update(fixture=ctx.fixture, steps_before_save=STEPS_BEFORE_SAVE, commit=None, target=None)
-    # The saving group goes on for one step: that is the uninterrupted reference.
-    source = ctx.group(
-        "source",
-        "train_and_save",
-        sc.source_world_size,
-        {
-            "fixture": ctx.fixture,
-            "saves": training_saves(ctx, (LABEL, STEPS_BEFORE_SAVE)),
-            "reference_step": True,
-        },
+    obs = ctx.begin(
+        fixture=ctx.fixture, steps_before_save=STEPS_BEFORE_SAVE, commit=None, target=None
     )
-    obs["source"] = source.record()
-    if not source.ok:
-        return obs
-    obs["commit"] = ctx.commit(LABEL)
-    if not obs["commit"]["promoted"]:
-        return obs
-    target = ctx.group(
-        "target",
-        "load_and_step",
-        sc.target_world_size,
-        {"fixture": ctx.fixture, "store": STORE_ROOT},
-    )
-    obs["target"] = ctx.target_record(target)
+    with ctx.recording(obs):
+        # The saving group goes on for one step: that is the uninterrupted reference.
+        source = ctx.group(
+            "source",
+            "train_and_save",
+            sc.source_world_size,
+            {
+                "fixture": ctx.fixture,
+                "saves": training_saves(ctx, (BASELINE, STEPS_BEFORE_SAVE)),
+                "reference_step": True,
+            },
+        )
+        obs["source"] = source.record()
+        if not source.ok:
+            return obs
+        obs["commit"] = ctx.commit(BASELINE)
+        if not obs["commit"]["promoted"]:
+            return obs
+        target = ctx.group(
+            "target",
+            "load_and_step",
+            sc.target_world_size,
+            {"fixture": ctx.fixture, "store": STORE_ROOT},
+        )
+        obs["target"] = ctx.target_record(target)
     return obs

@@ -63,12 +63,12 @@ def install(attestation_path: str | None = None) -> dict[str, Any]:
         "create_tcp_store_bytes": len(source),
         "create_tcp_store_sha256": digest,
         "listen": "127.0.0.1" if sys.platform == "linux" else "torch-default",
-        "shared_rendezvous_store_disabled": True,
+        "shared_rendezvous_store_disabled": False,
         "stores_built": 0,
-        "tcp_store_pristine": True,
+        "tcp_store_pristine": backend.TCPStore is TCPStore,
         "torch_distribution": distribution,
         "torch_runtime": str(torch.__version__),
-        "use_libuv": False,
+        "use_libuv": True,
     }
     backend.TCPStore = _guarded_store(TCPStore, creator.__code__, attestation, attestation_path)
     backend._dcp_invariant_guarded = True
@@ -93,6 +93,9 @@ def _guarded_store(
             host, port = "127.0.0.1", listener.getsockname()[1]
             kwargs["master_listen_fd"] = listener.detach()
         store = original(host, port, **kwargs)
+        # Recorded from the built store and the agent's environment, not from what was asked.
+        attestation["use_libuv"] = bool(store.libuvBackend)
+        attestation["shared_rendezvous_store_disabled"] = os.environ.get(SHARE_STORE_ENV) == "1"
         attestation["stores_built"] += 1
         if attestation_path is not None:
             durable.replace_file(Path(attestation_path), canonical.dumps(attestation))

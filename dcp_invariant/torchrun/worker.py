@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
         world_size,
         f"elastic-attempt{attempt}",
         task_payload,
+        payload["timeout"],
     )
     return 0
 

@@ -1,0 +1,383 @@
+"""Static checks of the composite action (action.yml) and the CI workflow (.github/workflows/ci.yml).
+
+Torch-free and offline: the GitHub schemas bundled with check-jsonschema, zizmor's offline audits,
+and the shape both files must keep (matrix, permissions, pins, the action's contract). How the
+action's shell steps behave is tested by running them, in test_action_steps.py.
+
+Nothing is read at import time: the live job copies tests/ out of the source tree, where these
+files do not exist, and collection must still succeed there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dcp_invariant import runtimes
+
+REPO = Path(__file__).resolve().parents[1]
+ACTION = REPO / "action.yml"
+CI = REPO / ".github" / "workflows" / "ci.yml"
+ZIZMOR_CONFIG = REPO / ".github" / "zizmor.yml"
+TOOL_TIMEOUT = 180
+
+# shared/README.md, "GitHub Actions facts": the commit each release tag points at.
+PINNED = {
+    ("actions/upload-artifact", "v7.0.1"): "043fb46d1a93c77aae656e7c1c64a875d1fc6a0a",
+    ("actions/setup-python", "v7.0.0"): "5fda3b95a4ea91299a34e894583c3862153e4b97",
+    ("actions/checkout", "v7.0.1"): "3d3c42e5aac5ba805825da76410c181273ba90b1",
+}
+MATRIX_OS = {"ubuntu-latest", "windows-latest"}
+MATRIX_PYTHON = ["3.11", "3.12", "3.13"]
+ACTION_INPUTS = {
+    "torch-version",
+    "python-version",
+    "output-dir",
+    "artifact-name",
+    "source-revision",
+    "upload",
+    "retention-days",
+}
+ACTION_OUTPUTS = {"verdict", "passed", "failed", "manifest-sha256", "evidence-dir"}
+
+
+def load_yaml(path: Path) -> Any:
+    # Imported here, not at module level: ruamel.yaml comes with check-jsonschema (the `test`
+    # extra), which the live job does not install, and that job still collects this module.
+    from ruamel.yaml import YAML
+
+    return YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def action() -> dict[str, Any]:
+    return load_yaml(ACTION)
+
+
+@pytest.fixture(scope="module")
+def ci() -> dict[str, Any]:
+    return load_yaml(CI)
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def action_steps(action: dict[str, Any]) -> list[dict[str, Any]]:
+    return action["runs"]["steps"]
+
+
+def ci_steps(ci: dict[str, Any]) -> list[dict[str, Any]]:
+    return [step for job in ci["jobs"].values() for step in job.get("steps", [])]
+
+
+def tool(name: str) -> str | None:
+    """A console script installed next to this interpreter, else one on PATH."""
+    scripts = Path(sysconfig.get_path("scripts"))
+    for candidate in (scripts / name, scripts / f"{name}.exe"):
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which(name)
+
+
+# --- external validators ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "path"),
+    [("vendor.github-actions", ACTION), ("vendor.github-workflows", CI)],
+    ids=["action.yml", "ci.yml"],
+)
+def test_files_match_githubs_schema(schema: str, path: Path) -> None:
+    if importlib.util.find_spec("check_jsonschema") is None:
+        pytest.skip("check-jsonschema is not installed (it comes with the `test` extra)")
+    # The vendor schemas ship inside check-jsonschema, so this needs no network.
+    done = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", schema, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=TOOL_TIMEOUT,
+        cwd=REPO,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_zizmor_reports_no_findings() -> None:
+    zizmor = tool("zizmor")
+    if zizmor is None:
+        pytest.skip("zizmor is not installed (it comes with the `test` extra)")
+    # --strict-collection: a file zizmor cannot parse is an error, not silently unaudited.
+    # .github/zizmor.yml is picked up from the repository root.
+    done = subprocess.run(
+        [zizmor, "--offline", "--strict-collection", "."],
+        capture_output=True,
+        text=True,
+        timeout=TOOL_TIMEOUT,
+        cwd=REPO,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def disabled_rules_and_comments(text: str) -> dict[str, bool]:
+    """For each rule block under ``rules:`` that sets ``disable: true``: is a comment line
+    above that ``disable`` within the block?"""
+    found: dict[str, bool] = {}
+    in_rules = False
+    rule: str | None = None
+    commented = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if not stripped:
+            continue
+        if indent == 0 and not stripped.startswith("#"):
+            in_rules = stripped == "rules:"
+            rule = None
+            continue
+        if not in_rules:
+            continue
+        if indent <= 2 and not stripped.startswith("#"):
+            rule, commented = stripped.rstrip(":"), False
+        elif rule is not None and stripped.startswith("#"):
+            commented = True
+        elif rule is not None and re.fullmatch(r"disable:\s*true(\s+#.*)?", stripped):
+            # A trailing comment on the disable line itself also counts as a reason.
+            found[rule] = commented or "#" in stripped
+    return found
+
+
+def test_every_disabled_zizmor_rule_says_why() -> None:
+    text = ZIZMOR_CONFIG.read_text(encoding="utf-8")
+    parsed = load_yaml(ZIZMOR_CONFIG) or {}
+    disabled = {
+        name for name, rule in (parsed.get("rules") or {}).items() if (rule or {}).get("disable")
+    }
+
+    found = disabled_rules_and_comments(text)
+
+    # The line scanner must see every rule the parser says is disabled, or it proves nothing.
+    assert set(found) == disabled
+    assert [rule for rule, commented in found.items() if not commented] == []
+
+
+def test_the_comment_scanner_catches_an_unexplained_disable() -> None:
+    # The scanner above is this file's own parser: show it can fail.
+    text = "rules:\n  a:\n    # why\n    disable: true\n  b:\n    disable: true\n"
+    assert disabled_rules_and_comments(text) == {"a": True, "b": False}
+
+
+# --- ci.yml ----------------------------------------------------------------------------------
+
+
+def matrix_size(job: dict[str, Any]) -> int:
+    matrix = (job.get("strategy") or {}).get("matrix")
+    if matrix is None:
+        return 1
+    # include/exclude would make the count below wrong; the workflow does not use them.
+    assert set(matrix) <= {"os", "python"}, matrix
+    return len(list(itertools.product(*matrix.values())))
+
+
+def test_ci_runs_exactly_three_jobs_expanding_to_thirteen(ci: dict[str, Any]) -> None:
+    jobs = ci["jobs"]
+
+    assert set(jobs) == {"quality", "integration", "package-boundary"}
+    sizes = {name: matrix_size(job) for name, job in jobs.items()}
+    assert sizes == {"quality": 6, "integration": 6, "package-boundary": 1}
+    assert sum(sizes.values()) == 13
+
+
+@pytest.mark.parametrize("job", ["quality", "integration"])
+def test_matrix_is_both_oses_times_three_pythons(ci: dict[str, Any], job: str) -> None:
+    matrix = ci["jobs"][job]["strategy"]["matrix"]
+
+    assert set(matrix) == {"os", "python"}
+    assert set(matrix["os"]) == MATRIX_OS
+    assert len(matrix["os"]) == len(MATRIX_OS)
+    # Strings, not floats: unquoted 3.10 would become 3.1, and setup-python would get that.
+    assert matrix["python"] == MATRIX_PYTHON
+    assert all(isinstance(v, str) for v in matrix["python"])
+
+
+def test_every_job_has_a_timeout(ci: dict[str, Any]) -> None:
+    timeouts = {name: job.get("timeout-minutes") for name, job in ci["jobs"].items()}
+
+    assert all(isinstance(t, int) and t > 0 for t in timeouts.values()), timeouts
+
+
+def test_workflow_token_is_read_only_and_runs_cancel_superseded(ci: dict[str, Any]) -> None:
+    assert ci["permissions"] == {"contents": "read"}
+    assert ci["concurrency"]["cancel-in-progress"] is True
+    # No job widens the token again.
+    assert [name for name, job in ci["jobs"].items() if "permissions" in job] == []
+
+
+def test_checkout_does_not_persist_credentials(ci: dict[str, Any]) -> None:
+    checkouts = [s for s in ci_steps(ci) if str(s.get("uses", "")).startswith("actions/checkout@")]
+
+    assert len(checkouts) == len(ci["jobs"])
+    assert all((s.get("with") or {}).get("persist-credentials") is False for s in checkouts)
+
+
+REMOTE_USES = re.compile(
+    r"^\s*(?:-\s+)?uses:\s*(?P<action>[\w.-]+/[\w./-]+)@(?P<ref>\S+)(?P<rest>.*)$"
+)
+PINNED_USES = re.compile(r"^[0-9a-f]{40}$")
+VERSION_COMMENT = re.compile(r"^\s+#\s*(?P<version>v\d+\.\d+\.\d+)\s*$")
+
+
+@pytest.mark.parametrize("path", [CI, ACTION], ids=["ci.yml", "action.yml"])
+def test_remote_actions_are_pinned_to_the_known_release_commits(path: Path) -> None:
+    parsed = load_yaml(path)
+    steps = action_steps(parsed) if path == ACTION else ci_steps(parsed)
+    remote = sorted(
+        s["uses"] for s in steps if "uses" in s and not s["uses"].startswith(("./", "docker://"))
+    )
+    assert remote, "expected remote actions to check"
+
+    seen = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = REMOTE_USES.match(line)
+        if match is None:
+            continue
+        action, ref, rest = match["action"], match["ref"], match["rest"]
+        seen.append(f"{action}@{ref}")
+        assert PINNED_USES.match(ref), f"{line.strip()}: not pinned by a full commit SHA"
+        comment = VERSION_COMMENT.match(rest)
+        assert comment, f"{line.strip()}: no `# vX.Y.Z` comment naming the pinned release"
+        expected = PINNED.get((action, comment["version"]))
+        assert expected is not None, f"{line.strip()}: no recorded SHA for this release"
+        assert ref == expected, f"{line.strip()}: {action} {comment['version']} is {expected}"
+
+    # The line scan must have seen every `uses:` the YAML parser found (no flow-style escapees).
+    assert sorted(seen) == remote
+
+
+def test_integration_self_tests_the_action_and_its_failure_path(ci: dict[str, Any]) -> None:
+    steps = ci["jobs"]["integration"]["steps"]
+    local = [i for i, s in enumerate(steps) if s.get("uses") == "./"]
+    assert len(local) == 2, "expected a passing run of ./ and a run against tampered evidence"
+    suite, tampered = (steps[i] for i in local)
+
+    # The first run does the real work and exposes the evidence the second one tampers with.
+    assert (suite.get("with") or {}).get("run-suite", "true") == "true"
+    assert "continue-on-error" not in suite
+    tamper_steps = [
+        s
+        for s in steps[local[0] + 1 : local[1]]
+        if f"steps.{suite['id']}.outputs.evidence-dir" in str(s.get("env", ""))
+    ]
+    assert len(tamper_steps) == 1
+    assert tampered["with"]["output-dir"] in tamper_steps[0]["run"]
+
+    # The second run only verifies, may fail, and must not upload a second artifact.
+    assert tampered["continue-on-error"] is True
+    assert tampered["with"]["run-suite"] == "false"
+    assert tampered["with"]["upload"] == "false"
+
+    # ... and the step right after it fails the job unless the gate rejected the evidence.
+    check = steps[local[1] + 1]
+    condition = re.sub(r"^\$\{\{\s*|\s*\}\}$", "", check["if"].strip())
+    assert condition == f"steps.{tampered['id']}.outcome != 'failure'"
+    assert re.search(r"^\s*exit 1\s*$", check["run"], re.MULTILINE)
+
+
+# --- action.yml ------------------------------------------------------------------------------
+
+
+def test_action_metadata(action: dict[str, Any]) -> None:
+    assert action["runs"]["using"] == "composite"
+    for key in ("name", "description", "author"):
+        assert isinstance(action.get(key), str) and action[key].strip(), key
+    assert action["branding"].get("icon") and action["branding"].get("color")
+
+
+def test_action_inputs_have_string_defaults(action: dict[str, Any]) -> None:
+    inputs = action["inputs"]
+
+    assert ACTION_INPUTS - set(inputs) == set()
+    # GitHub passes inputs as strings; a YAML true or 30 would read differently per context.
+    defaults = {name: spec.get("default") for name, spec in inputs.items()}
+    assert {n: d for n, d in defaults.items() if not isinstance(d, str)} == {}
+    assert inputs["torch-version"]["default"] == runtimes.DEFAULT_TORCH_VERSION
+    assert inputs["python-version"]["default"] == "3.11"
+    assert inputs["upload"]["default"] in {"true", "false"}
+
+
+def requirement_pin(requirements: list[str], name: str) -> str:
+    pins = [r for r in requirements if re.match(rf"{name}\s*==", r)]
+    assert len(pins) == 1, requirements
+    return pins[0].replace(" ", "")
+
+
+def test_action_installs_the_runtime_pins(action: dict[str, Any], pyproject: dict) -> None:
+    runtime = pyproject["project"]["optional-dependencies"]["runtime"]
+    scripts = "\n".join(s.get("run", "") for s in action_steps(action))
+
+    assert set(re.findall(r"numpy==[\w.]+", scripts)) == {requirement_pin(runtime, "numpy")}
+    # The action's torch default and the runtime extra must name the same release.
+    assert requirement_pin(runtime, "torch") == f"torch=={runtimes.DEFAULT_TORCH_VERSION}"
+
+
+def test_action_outputs_come_from_existing_steps(action: dict[str, Any]) -> None:
+    ids = {s["id"] for s in action_steps(action) if "id" in s}
+    outputs = action["outputs"]
+
+    assert ACTION_OUTPUTS - set(outputs) == set()
+    for name in ACTION_OUTPUTS:
+        match = re.fullmatch(
+            r"\$\{\{ steps\.(?P<id>[\w-]+)\.outputs\.(?P<key>[\w-]+) \}\}", outputs[name]["value"]
+        )
+        assert match, f"output {name}: {outputs[name]['value']!r}"
+        assert match["id"] in ids, f"output {name} names step {match['id']!r}, which has no such id"
+
+
+def test_run_steps_are_bash_without_expressions(action: dict[str, Any]) -> None:
+    runs = [s for s in action_steps(action) if "run" in s]
+    assert runs
+
+    for step in runs:
+        name = step.get("name", step["run"])
+        assert step.get("shell") == "bash", name
+        # An expression in a script is pasted in before the shell parses it: inputs could
+        # inject commands. Values reach scripts through env: instead.
+        assert "${{" not in step["run"], name
+        # On Windows, ${{ github.action_path }} in bash loses its backslashes (shared/README.md);
+        # the scripts use "$GITHUB_ACTION_PATH".
+        assert "github.action_path" not in step["run"], name
+
+
+def test_upload_step(action: dict[str, Any]) -> None:
+    uploads = [
+        s
+        for s in action_steps(action)
+        if str(s.get("uses", "")).startswith("actions/upload-artifact@")
+    ]
+    assert len(uploads) == 1
+    upload = uploads[0]
+
+    assert upload["with"]["if-no-files-found"] == "error"
+    # Evidence of a failed suite is exactly what must be uploaded: the step needs a status
+    # function, or GitHub's implicit success() skips it after the suite fails.
+    assert "!cancelled()" in upload["if"] or "always()" in upload["if"]
+
+
+def test_last_step_is_the_offline_gate(action: dict[str, Any]) -> None:
+    last = action_steps(action)[-1]
+
+    assert "dcp_invariant verify" in last.get("run", "")
