@@ -95,7 +95,8 @@ def run_suite(
                 obs = DRIVERS[scenario.family](ctx)
                 elapsed = time.monotonic() - started
                 reasons = rules.derive(name, obs)
-                logs = "" if not reasons else "\n".join(o.log_tail() for _, o in ctx.outcomes)
+                tails = [o.log_tail() for _, o in ctx.outcomes]
+                logs = "" if not reasons else "\n".join([*ctx.notes, *tails])
                 with lock:
                     observations[name] = obs
                     if on_finish is not None:

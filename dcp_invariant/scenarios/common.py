@@ -115,6 +115,32 @@ class ScenarioContext:
         ]
         return record
 
+    def train(
+        self,
+        obs: dict[str, Any],
+        saves: list[tuple[str, int]],
+        *,
+        reference_step: bool,
+        crash: dict[str, int] | None = None,
+    ) -> GroupOutcome:
+        """Train the fixture, saving ``(label, after_steps)`` in turn; ``crash`` kills the last save."""
+        plan: list[dict[str, Any]] = [
+            {"after_steps": steps, "checkpoint": self.candidate_id(label)} for label, steps in saves
+        ]
+        if crash is not None:
+            plan[-1]["crash"] = crash
+        payload = {"fixture": self.fixture, "saves": plan, "reference_step": reference_step}
+        outcome = self.group("source", "train_and_save", self.scenario.source_world_size, payload)
+        obs["source"] = outcome.record()
+        return outcome
+
+    def commit_baseline(self, obs: dict[str, Any]) -> bool:
+        """Train, save the baseline with the uninterrupted next step as reference, commit it."""
+        if not self.train(obs, [(BASELINE, STEPS_BEFORE_SAVE)], reference_step=True).ok:
+            return False
+        obs["commit"] = self.commit(BASELINE)
+        return obs["commit"]["promoted"]
+
     def commit(self, label: str, damage: Any = None) -> dict[str, Any]:
         """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it."""
         store = self.store
@@ -149,15 +175,6 @@ class ScenarioContext:
         record["pointer_after"] = self.pointer_label()
         record["generations_after"] = len(store.generation_names())
         return record
-
-
-def training_saves(
-    ctx: ScenarioContext, *labels_and_steps: tuple[str, int]
-) -> list[dict[str, Any]]:
-    return [
-        {"after_steps": steps, "checkpoint": ctx.candidate_id(label)}
-        for label, steps in labels_and_steps
-    ]
 
 
 def _listing(directory: Path) -> list[dict[str, Any]]:

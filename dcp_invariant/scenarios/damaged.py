@@ -15,7 +15,6 @@ from dcp_invariant.scenarios.common import (
     CANDIDATE,
     STEPS_BEFORE_SAVE,
     ScenarioContext,
-    training_saves,
 )
 
 
@@ -62,20 +61,8 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         obs["damage"]["path"] = target.name
 
     with ctx.recording(obs):
-        source = ctx.group(
-            "source",
-            "train_and_save",
-            sc.source_world_size,
-            {
-                "fixture": ctx.fixture,
-                "saves": training_saves(
-                    ctx, (BASELINE, STEPS_BEFORE_SAVE), (CANDIDATE, STEPS_BEFORE_SAVE + 1)
-                ),
-                "reference_step": False,
-            },
-        )
-        obs["source"] = source.record()
-        if source.ok:
+        saves = [(BASELINE, STEPS_BEFORE_SAVE), (CANDIDATE, STEPS_BEFORE_SAVE + 1)]
+        if ctx.train(obs, saves, reference_step=False).ok:
             obs["baseline"] = ctx.commit(BASELINE)
             obs["candidate"] = ctx.commit(CANDIDATE, damage=damage)
     obs["load_attempted"] = ctx.load_attempted()

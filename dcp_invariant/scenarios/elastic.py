@@ -20,13 +20,7 @@ import dcp_invariant
 from dcp_invariant import canonical, worker
 from dcp_invariant.receipt import ReceiptMismatch
 from dcp_invariant.rules import DYING_RANK, ELASTIC_ARGUMENTS, ELASTIC_EXIT_CODE
-from dcp_invariant.scenarios.common import (
-    BASELINE,
-    STEPS_BEFORE_SAVE,
-    STORE_ROOT,
-    ScenarioContext,
-    training_saves,
-)
+from dcp_invariant.scenarios.common import STEPS_BEFORE_SAVE, STORE_ROOT, ScenarioContext
 from dcp_invariant.store import StoreError
 from dcp_invariant.torchrun import guard
 from dcp_invariant.torchrun.worker import MARKER_FILE
@@ -56,21 +50,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         after=None,
     )
     with ctx.recording(obs):
-        source = ctx.group(
-            "source",
-            "train_and_save",
-            sc.source_world_size,
-            {
-                "fixture": ctx.fixture,
-                "saves": training_saves(ctx, (BASELINE, STEPS_BEFORE_SAVE)),
-                "reference_step": True,
-            },
-        )
-        obs["source"] = source.record()
-        if not source.ok:
-            return obs
-        obs["commit"] = ctx.commit(BASELINE)
-        if not obs["commit"]["promoted"]:
+        if not ctx.commit_baseline(obs):
             return obs
 
         exit_code, timed_out = _torchrun(ctx.workdir, ctx.fixture, ctx.pool.timeout)

@@ -15,12 +15,10 @@ from dcp_invariant.scenarios.common import (
     CANDIDATE,
     STEPS_BEFORE_SAVE,
     ScenarioContext,
-    training_saves,
 )
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
-    sc = ctx.scenario
     obs = ctx.begin(
         fixture=ctx.fixture,
         steps_before_save=STEPS_BEFORE_SAVE,
@@ -30,16 +28,10 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         candidate=None,
         load_attempted=False,
     )
-    saves = training_saves(ctx, (BASELINE, STEPS_BEFORE_SAVE), (CANDIDATE, STEPS_BEFORE_SAVE + 1))
-    saves[1]["crash"] = {"rank": DYING_RANK, "exit_code": RANK_EXIT_CODE}
     with ctx.recording(obs):
-        source = ctx.group(
-            "source",
-            "train_and_save",
-            sc.source_world_size,
-            {"fixture": ctx.fixture, "saves": saves, "reference_step": False},
-        )
-        obs["source"] = source.record()
+        saves = [(BASELINE, STEPS_BEFORE_SAVE), (CANDIDATE, STEPS_BEFORE_SAVE + 1)]
+        crash = {"rank": DYING_RANK, "exit_code": RANK_EXIT_CODE}
+        source = ctx.train(obs, saves, reference_step=False, crash=crash)
         if not source.timed_out:
             obs["baseline"] = ctx.commit(BASELINE)
             obs["candidate"] = ctx.commit(CANDIDATE)
