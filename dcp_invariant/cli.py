@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dcp_invariant import __version__, schema
+from dcp_invariant import __version__, canonical, schema
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -202,8 +202,6 @@ def _run(args: argparse.Namespace) -> int:
     )
     files = artifact.build(suite.observations, record)
     artifact.write(output, files)
-    from dcp_invariant import canonical
-
     summary = canonical.loads(files[schema.SUMMARY_FILE])
     print(
         f"{summary['verdict']}: {summary['passed']} passed, {summary['failed']} failed; evidence in {output}",
