@@ -12,8 +12,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-from dcp_invariant import __version__, canonical, schema
+from dcp_invariant import __version__, canonical, plan
+from dcp_invariant.evidence import schema
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -23,7 +25,7 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 too; keep the one-line form
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep the one-line form
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
@@ -94,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    width = max(len(n) for n in schema.SCENARIO_NAMES)
-    for scenario in schema.SCENARIOS:
+    width = max(len(n) for n in plan.SCENARIO_NAMES)
+    for scenario in plan.SCENARIOS:
         print(f"{scenario.name:<{width}}  {scenario.summary}")
     return EXIT_OK
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from dcp_invariant.verify import verify_artifact
+    from dcp_invariant.evidence.verify import verify_artifact
 
     if (
         args.directory is not None
@@ -117,7 +119,7 @@ def _verify(args: argparse.Namespace) -> int:
             f"{directory} is not a directory: pass the directory `dcp-invariant run` wrote"
         )
     report = verify_artifact(directory)
-    for name in schema.SCENARIO_NAMES:
+    for name in plan.SCENARIO_NAMES:
         result = report.results.get(name)
         if result is None:
             print(f"INVALID  {name}")
@@ -160,7 +162,9 @@ def _github_report(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dcp_invariant import artifact, provenance, runner, runtimes
+    from dcp_invariant import runtimes
+    from dcp_invariant.evidence import artifact, provenance
+    from dcp_invariant.suite import runner
 
     output: Path = args.output_dir
     if output.exists() or output.is_symlink():
@@ -211,7 +215,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _source_revision(given: str | None) -> str:
-    from dcp_invariant.provenance import valid_revision
+    from dcp_invariant.evidence.provenance import valid_revision
 
     if given is not None:
         if not valid_revision(given):

@@ -14,8 +14,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from dcp_invariant import schema
-from dcp_invariant.verify import Report, verify_artifact
+from dcp_invariant import plan
+from dcp_invariant.evidence import schema
+from dcp_invariant.evidence.verify import Report, verify_artifact
 
 MAX_REASON_CHARS = 300
 # actions/upload-artifact refuses these in a name.
@@ -58,7 +59,7 @@ def outputs(directory: Path, report: Report | None) -> dict[str, str]:
     return {
         "verdict": "pass" if report is not None and report.passed else "fail",
         "passed": str(passed),
-        "failed": str(len(schema.SCENARIO_NAMES) - passed),
+        "failed": str(len(plan.SCENARIO_NAMES) - passed),
         "manifest-sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()
         if manifest.is_file()
         else "",
@@ -79,7 +80,7 @@ def summary(directory: Path, report: Report | None) -> str:
         ]
         return "\n".join(lines) + "\n"
     lines += ["| scenario | verdict | reason |", "|---|---|---|"]
-    for name in schema.SCENARIO_NAMES:
+    for name in plan.SCENARIO_NAMES:
         result = report.results.get(name)
         if result is None:
             lines.append(

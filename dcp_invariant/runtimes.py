@@ -2,7 +2,7 @@
 
 The rendezvous-store digest is what the torchrun guard requires before it patches anything:
 ``inspect.getsource`` of ``torch.distributed.elastic.rendezvous.c10d_rendezvous_backend.
-_create_tcp_store``, UTF-8, SHA-256 (shared/README.md, "PyTorch DCP facts").
+_create_tcp_store``, UTF-8, SHA-256, measured from each registered wheel.
 """
 
 from __future__ import annotations

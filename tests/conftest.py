@@ -1,32 +1,41 @@
-"""Shared fixtures. The checked-in artifact under tests/data/artifact is a real run's output
-(``dcp-invariant run --source-revision 0123456789abcdef0123456789abcdef01234567``); torch-free
-tests derive every good and bad artifact from it."""
+"""Shared pytest fixtures over the checked-in artifact (see :mod:`artifact_data`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from artifact_data import DATA_ARTIFACT, Observations, read_observations, read_provenance
 
-from dcp_invariant import artifact, canonical, schema
+from dcp_invariant.evidence import artifact
 
-DATA_ARTIFACT = Path(__file__).parent / "data" / "artifact"
-
-Observations = dict[str, dict[str, Any]]
-
-
-def read_observations(directory: Path) -> Observations:
-    return {
-        name: canonical.loads((directory / schema.observation_file(name)).read_bytes())
-        for name in schema.SCENARIO_NAMES
-    }
+_TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
 
 
-def read_provenance(directory: Path) -> dict[str, Any]:
-    return canonical.loads((directory / schema.PROVENANCE_FILE).read_bytes())
+@pytest.fixture(scope="session", autouse=True)
+def session_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This session's own temp directory, for it and every process it starts.
+
+    The machine's temp directory is shared with other programs; a check that nothing was left
+    behind can only look at a directory no one else writes to.
+    """
+    path = tmp_path_factory.mktemp("session-tmp")
+    saved = {name: os.environ.get(name) for name in _TEMP_VARIABLES}
+    os.environ.update(dict.fromkeys(_TEMP_VARIABLES, str(path)))
+    tempfile.tempdir = None  # gettempdir() caches its answer; make it read TMPDIR again
+    try:
+        yield path
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        tempfile.tempdir = None
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dcp_invariant.training import TrainingApp
+from dcp_invariant.suite.registered_fixture import TrainingApp
 
 
 class RngNotRestored(TrainingApp):

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 import dcp_invariant
-from dcp_invariant import runtimes, schema
+from dcp_invariant import plan, runtimes
+from dcp_invariant.evidence import schema
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(
@@ -490,7 +491,7 @@ def test_passing_artifact(tmp_path: Path, data_artifact: Path) -> None:
     assert upload.with_["path"] == "dcp-invariant-evidence"
 
     rows = table_rows(run.summary)
-    assert list(rows) == list(schema.SCENARIO_NAMES)
+    assert list(rows) == list(plan.SCENARIO_NAMES)
     assert {row[0] for row in rows.values()} == {"pass"}
     assert "| scenario | verdict | reason |" in run.summary.splitlines()
 

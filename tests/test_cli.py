@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dcp_invariant import cli, schema
-from dcp_invariant.verify import verify_artifact
+from dcp_invariant import cli, plan
+from dcp_invariant.evidence import schema
+from dcp_invariant.evidence.verify import verify_artifact
 
 SUBPROCESS_TIMEOUT = 60
 REVISION = "a" * 40
@@ -24,7 +25,7 @@ REVISION = "a" * 40
 
 @pytest.fixture(autouse=True)
 def suite_must_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dcp_invariant import runner
+    from dcp_invariant.suite import runner
 
     def refuse(**kwargs: object) -> None:
         raise AssertionError("a CLI test reached runner.run_suite")
@@ -57,9 +58,9 @@ def test_list_prints_the_scenarios_in_schema_order(capsys: pytest.CaptureFixture
     assert cli.main(["list"]) == cli.EXIT_OK
 
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(schema.SCENARIOS) == 11
-    assert [line.split()[0] for line in lines] == list(schema.SCENARIO_NAMES)
-    for line, scenario in zip(lines, schema.SCENARIOS, strict=True):
+    assert len(lines) == len(plan.SCENARIOS) == 11
+    assert [line.split()[0] for line in lines] == list(plan.SCENARIO_NAMES)
+    for line, scenario in zip(lines, plan.SCENARIOS, strict=True):
         assert line.endswith(scenario.summary)
 
 
@@ -72,9 +73,9 @@ def test_verify_passes_the_real_artifact(
     assert cli.main(["verify", str(data_artifact)]) == cli.EXIT_OK
 
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(schema.SCENARIO_NAMES) + 1
-    assert [line.split() for line in lines[:-1]] == [["PASS", n] for n in schema.SCENARIO_NAMES]
-    assert lines[-1] == f"verdict: pass ({len(schema.SCENARIO_NAMES)} passed, 0 failed)"
+    assert len(lines) == len(plan.SCENARIO_NAMES) + 1
+    assert [line.split() for line in lines[:-1]] == [["PASS", n] for n in plan.SCENARIO_NAMES]
+    assert lines[-1] == f"verdict: pass ({len(plan.SCENARIO_NAMES)} passed, 0 failed)"
 
 
 def test_verify_accepts_the_same_directory_twice(
@@ -294,7 +295,7 @@ def test_run_requires_an_output_dir(capsys: pytest.CaptureFixture[str]) -> None:
 # so that, should the runtime check ever let this through, no scenario can start.
 _UNREGISTERED = r"""
 import sys
-import dcp_invariant.runner as runner
+import dcp_invariant.suite.runner as runner
 import dcp_invariant.runtimes as runtimes
 
 def no_workers(*args, **kwargs):
@@ -386,4 +387,4 @@ def test_console_script_lists_the_scenarios(tmp_path: Path) -> None:
     )
 
     assert done.returncode == cli.EXIT_OK
-    assert [line.split()[0] for line in done.stdout.splitlines()] == list(schema.SCENARIO_NAMES)
+    assert [line.split()[0] for line in done.stdout.splitlines()] == list(plan.SCENARIO_NAMES)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dcp_invariant import cli, github, schema
-from dcp_invariant.verify import verify_artifact
+from dcp_invariant import cli, github, plan
+from dcp_invariant.evidence import schema
+from dcp_invariant.evidence.verify import verify_artifact
 
 
 def _fail_corrupt_shard(observations) -> None:
@@ -36,7 +37,7 @@ def test_a_failing_scenario_is_counted_and_its_reason_shown(rebuild) -> None:
     markdown = github.summary(directory, report)
     [row] = [line for line in markdown.splitlines() if line.startswith("| `corrupt_shard`")]
     assert "| fail |" in row and "was promoted" in row
-    assert markdown.count("\n| `") == len(schema.SCENARIO_NAMES)
+    assert markdown.count("\n| `") == len(plan.SCENARIO_NAMES)
 
 
 def test_an_invalid_artifact_fails_and_lists_its_problems(artifact_copy: Path) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dcp_invariant import __version__, schema
+from dcp_invariant import __version__
+from dcp_invariant.evidence import schema
 
 pytestmark = pytest.mark.package
 
@@ -101,10 +102,12 @@ def test_the_wheel_holds_only_the_package_and_its_metadata(dist: Path) -> None:
     assert not [n for n in names if any(d in f"/{n}" for d in DEBRIS)]
     for module in (
         "cli.py",
-        "verify.py",
-        "scenarios/tasks.py",
-        "torchrun/launch.py",
-        "torchrun/guard.py",
+        "plan.py",
+        "evidence/verify.py",
+        "commit/store.py",
+        "suite/scenarios/tasks.py",
+        "suite/torchrun/launch.py",
+        "suite/torchrun/guard.py",
     ):
         assert f"dcp_invariant/{module}" in names
 
@@ -134,7 +137,7 @@ def test_the_sdist_has_sources_and_tests_and_no_debris(dist: Path) -> None:
         "README.md",
         "action.yml",
         "dcp_invariant/cli.py",
-        "tests/test_live.py",
+        "tests/suite/test_live.py",
         "tests/conftest.py",
         f"tests/data/artifact/{schema.MANIFEST_FILE}",
     ):

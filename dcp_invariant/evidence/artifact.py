@@ -1,0 +1,56 @@
+"""The evidence artifact: the 26 files of schema v2, built from observations and provenance.
+
+Results, summary, JUnit and manifest are all derived here from the observations with the
+verifier's own rules, so what the runner writes is exactly what the verifier re-derives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import canonical, plan
+from dcp_invariant.evidence import junit, manifest, rules, schema
+
+
+def build(observations: dict[str, dict[str, Any]], provenance: dict[str, Any]) -> dict[str, bytes]:
+    """Every artifact file's bytes, keyed by relative path."""
+    if sorted(observations) != sorted(plan.SCENARIO_NAMES):
+        raise ValueError(f"expected observations for {list(plan.SCENARIO_NAMES)}")
+    results = {name: rules.result_record(name, obs) for name, obs in observations.items()}
+    files = derived(results)
+    files[schema.PROVENANCE_FILE] = canonical.dumps(provenance)
+    for name, obs in observations.items():
+        files[schema.observation_file(name)] = canonical.dumps(obs)
+    files[schema.MANIFEST_FILE] = manifest.render(files)
+    return files
+
+
+def derived(results: dict[str, dict[str, Any]]) -> dict[str, bytes]:
+    """The files that follow from the result records alone."""
+    files = {schema.result_file(name): canonical.dumps(r) for name, r in results.items()}
+    files[schema.SUMMARY_FILE] = canonical.dumps(rules.summary_record(results))
+    files[schema.JUNIT_FILE] = junit.render(results)
+    return files
+
+
+def write(directory: Path, files: dict[str, bytes]) -> None:
+    """Create ``directory`` with ``files``, all at once: it is staged beside it and renamed in."""
+    directory = Path(directory)
+    parent = directory.parent
+    stage = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=parent))
+    try:
+        for sub in schema.ARTIFACT_DIRS:
+            (stage / sub).mkdir()
+        for rel, data in sorted(files.items()):
+            # Binary mode: LF line endings on every platform.
+            (stage / rel).write_bytes(data)
+        if directory.exists():
+            raise FileExistsError(f"{directory} appeared while the suite ran; nothing was written")
+        os.rename(stage, directory)
+    except BaseException:
+        shutil.rmtree(stage)
+        raise

@@ -1,0 +1,204 @@
+"""The shape of every observation record, defined once and checked by the verifier.
+
+The runner builds observations as plain dicts; this module says which keys and types each
+scenario family's record must have. A record of the wrong shape makes the artifact invalid; a
+record of the right shape is then judged by :mod:`dcp_invariant.evidence.rules`.
+
+Run-varying digests (receipts and pointers: DCP's ``.metadata`` carries a fresh UUID per save)
+are recorded as labels like ``receipt-1`` in order of first appearance, so equal labels mean
+equal digests and two runs produce identical bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dcp_invariant import canonical, plan
+from dcp_invariant.evidence import schema
+from dcp_invariant.evidence.checks import (
+    Check,
+    boolean,
+    integer,
+    label,
+    list_of,
+    one_of,
+    optional,
+    pattern,
+    record,
+    string,
+    type_name,
+)
+
+_FLOAT_HEX = re.compile(r"-?0x[01]\.[0-9a-f]+p[+-]\d+|-?inf|nan")
+_COMPONENT = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def digests(value: Any, where: str) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{where}: expected an object of component digests, got {type_name(value)}"]
+    problems = [] if "aggregate" in value else [f"{where}: missing key 'aggregate'"]
+    if len(value) > 65:
+        problems.append(f"{where}: more than 64 components")
+    for key in sorted(value):
+        if not _COMPONENT.fullmatch(key):
+            problems.append(f"{where}: invalid component name {key!r}")
+        problems += pattern(canonical.HEX64, "a 64-hex digest")(value[key], f"{where}.{key}")
+    return problems
+
+
+hex64 = pattern(canonical.HEX64, "a 64-hex digest")
+float_hex = pattern(_FLOAT_HEX, "a float in float.hex() form")
+exit_code = integer()
+shape = list_of(integer(0), max_items=8)
+
+step = record(loss=float_hex, digests=digests)
+failure = record(path=string, reason=one_of(*plan.FAILURE_REASONS))
+file_size = record(path=string, size=integer(0))
+
+commit = record(
+    label=string,
+    sealed=boolean,
+    seal_error=optional(string),
+    receipt=optional(label("receipt")),
+    files=list_of(file_size),
+    promoted=boolean,
+    refused=list_of(failure),
+    candidate_retained=boolean,
+    pointer_before=optional(label("pointer")),
+    pointer_after=optional(label("pointer")),
+    generations_before=integer(0),
+    generations_after=integer(0),
+)
+
+# What a rank reports after resolving the pointer and (if verification passed) loading.
+_load_fields: dict[str, Check] = {
+    "rank": integer(0),
+    "generation": optional(label("receipt")),
+    "verified_before_load": boolean,
+    "verified_after_load": boolean,
+    "refused": list_of(failure),
+}
+
+training_source_rank = record(rank=integer(0), saves=list_of(digests, 4), next=optional(step))
+training_target_rank = record(**_load_fields, loaded=optional(digests), next=optional(step))
+elastic_target_rank = record(
+    **_load_fields,
+    loaded=optional(digests),
+    next=optional(step),
+    restart_count=integer(0),
+    max_restarts=integer(0),
+    master_addr_loopback=boolean,
+)
+dtensor_source_rank = record(rank=integer(0), local_shape=shape, global_digest=hex64)
+dtensor_target_rank = record(
+    **_load_fields, local_shape=optional(shape), global_digest=optional(hex64)
+)
+
+
+def group(rank_record: Check) -> Check:
+    return record(
+        exit_codes=list_of(exit_code, 8), timed_out=boolean, ranks=list_of(rank_record, 8)
+    )
+
+
+attestation = record(
+    create_tcp_store_bytes=integer(0),
+    create_tcp_store_sha256=hex64,
+    listen=one_of("127.0.0.1", "torch-default"),
+    shared_rendezvous_store_disabled=boolean,
+    stores_built=integer(0),
+    tcp_store_pristine=boolean,
+    torch_distribution=string,
+    torch_runtime=string,
+    use_libuv=boolean,
+)
+
+_common: dict[str, Check] = {
+    "schema_version": one_of(schema.SCHEMA_VERSION),
+    "scenario": string,
+    "source_world_size": integer(1),
+    "target_world_size": integer(1),
+    "errors": list_of(string),
+}
+
+FAMILY_SHAPES: dict[str, Check] = {
+    "training": record(
+        **_common,
+        fixture=string,
+        steps_before_save=integer(0),
+        source=group(training_source_rank),
+        commit=optional(commit),
+        target=optional(group(training_target_rank)),
+    ),
+    "dtensor": record(
+        **_common,
+        global_shape=shape,
+        placement=string,
+        dtype=string,
+        source=group(dtensor_source_rank),
+        commit=optional(commit),
+        target=optional(group(dtensor_target_rank)),
+    ),
+    "elastic": record(
+        **_common,
+        fixture=string,
+        steps_before_save=integer(0),
+        source=group(training_source_rank),
+        commit=optional(commit),
+        launcher=optional(
+            record(
+                arguments=list_of(string, 16),
+                exit_code=exit_code,
+                timed_out=boolean,
+                guard=optional(attestation),
+            )
+        ),
+        failure_marker=optional(record(attempt=integer(0), exit_code=exit_code, rank=integer(0))),
+        target=optional(record(ranks=list_of(elastic_target_rank, 8))),
+        after=optional(
+            record(
+                pointer=optional(label("pointer")),
+                receipt=optional(label("receipt")),
+                generations=integer(0),
+            )
+        ),
+    ),
+    "rank_exit": record(
+        **_common,
+        fixture=string,
+        steps_before_save=integer(0),
+        dying_rank=integer(0),
+        planned_exit_code=exit_code,
+        source=group(training_source_rank),
+        baseline=optional(commit),
+        candidate=optional(commit),
+        load_attempted=boolean,
+    ),
+    "damaged": record(
+        **_common,
+        fixture=string,
+        steps_before_save=integer(0),
+        damage=record(kind=one_of("remove", "flip"), path=string, offset=optional(integer(0))),
+        source=group(training_source_rank),
+        baseline=optional(commit),
+        candidate=optional(commit),
+        load_attempted=boolean,
+    ),
+}
+
+
+def validate(name: str, observation: Any) -> list[str]:
+    """Every way ``observation`` departs from the shape of scenario ``name``; empty when valid."""
+    scenario = plan.BY_NAME[name]
+    problems = FAMILY_SHAPES[scenario.family](observation, name)
+    if problems:
+        return problems
+    for key, expected in (
+        ("scenario", scenario.name),
+        ("source_world_size", scenario.source_world_size),
+        ("target_world_size", scenario.target_world_size),
+    ):
+        if observation[key] != expected:
+            problems.append(f"{name}.{key}: expected {expected!r}, got {observation[key]!r}")
+    return problems

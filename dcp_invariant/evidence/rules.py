@@ -1,0 +1,396 @@
+"""Verdicts, derived from observations alone.
+
+This is the only code that decides pass or fail: the runner writes what these functions
+derive and the verifier derives them again. Each function returns the reasons a scenario
+fails; no reasons means it passes. Observations reaching here have a valid shape
+(:mod:`dcp_invariant.evidence.observation`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dcp_invariant import plan, runtimes
+from dcp_invariant.evidence import schema
+
+Obs = dict[str, Any]
+
+
+def derive(name: str, obs: Obs) -> list[str]:
+    scenario = plan.BY_NAME[name]
+    reasons = [f"error: {e}" for e in obs["errors"]]
+    reasons += FAMILY_RULES[scenario.family](scenario, obs)
+    return reasons
+
+
+def result_record(name: str, obs: Obs) -> dict[str, Any]:
+    reasons = derive(name, obs)
+    return {
+        "reasons": reasons,
+        "scenario": name,
+        "schema_version": schema.SCHEMA_VERSION,
+        "verdict": "fail" if reasons else "pass",
+    }
+
+
+def summary_record(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    verdicts = [{"scenario": n, "verdict": results[n]["verdict"]} for n in plan.SCENARIO_NAMES]
+    failed = sum(v["verdict"] == "fail" for v in verdicts)
+    return {
+        "failed": failed,
+        "passed": len(verdicts) - failed,
+        "scenarios": verdicts,
+        "schema_version": schema.SCHEMA_VERSION,
+        "total": len(verdicts),
+        "verdict": "fail" if failed else "pass",
+    }
+
+
+# --- families -------------------------------------------------------------------------------
+
+
+def _training(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    reasons, saved, reference = _training_source(obs, scenario.source_world_size)
+    commit = obs["commit"]
+    if commit is None:
+        return [*reasons, "commit: did not run"]
+    reasons += _promoted(commit, "commit")
+    target = obs["target"]
+    if target is None:
+        return [*reasons, "target: did not run"]
+    reasons += _group(target, scenario.target_world_size, "target")
+    for rank in target["ranks"]:
+        reasons += _resumed(rank, commit, saved, reference, f"target rank {rank['rank']}")
+    return reasons
+
+
+def _dtensor(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    rows, *rest = obs["global_shape"] or [0]
+    reasons = []
+    tested = (obs["global_shape"], obs["placement"], obs["dtype"])
+    planned = (list(plan.DTENSOR.shape), plan.DTENSOR.placement, plan.DTENSOR.dtype)
+    if tested != planned:
+        reasons.append(f"plan: tested {tested}, the scenario is defined as {planned}")
+    reasons += _group(obs["source"], scenario.source_world_size, "source")
+    source_ranks = obs["source"]["ranks"]
+    reasons += _consensus(
+        [r["global_digest"] for r in source_ranks], "source: global tensor digest"
+    )
+    for rank in source_ranks:
+        reasons += _shard_shape(rank, rows, rest, scenario.source_world_size, "source")
+    saved = source_ranks[0]["global_digest"] if source_ranks else None
+    commit = obs["commit"]
+    if commit is None:
+        return [*reasons, "commit: did not run"]
+    reasons += _promoted(commit, "commit")
+    target = obs["target"]
+    if target is None:
+        return [*reasons, "target: did not run"]
+    reasons += _group(target, scenario.target_world_size, "target")
+    for rank in target["ranks"]:
+        where = f"target rank {rank['rank']}"
+        reasons += _loaded_through_pointer(rank, commit, where)
+        if rank["local_shape"] is None:
+            reasons.append(f"{where}: reported no local shard")
+        else:
+            reasons += _shard_shape(rank, rows, rest, scenario.target_world_size, "target")
+        if rank["global_digest"] != saved:
+            reasons.append(f"{where}: reconstructed global tensor differs from the saved one")
+    return reasons
+
+
+def _elastic(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    reasons, saved, reference = _training_source(obs, scenario.source_world_size)
+    commit = obs["commit"]
+    if commit is None:
+        return [*reasons, "commit: did not run"]
+    reasons += _promoted(commit, "commit")
+    launcher = obs["launcher"]
+    if launcher is None:
+        return [*reasons, "torchrun: did not run"]
+    arguments = launcher["arguments"]
+    if arguments != list(plan.TORCHRUN_ARGUMENTS):
+        reasons.append(
+            f"torchrun: launched with {' '.join(arguments)}, "
+            f"not {' '.join(plan.TORCHRUN_ARGUMENTS)}"
+        )
+    if launcher["timed_out"]:
+        reasons.append("torchrun: timed out and was killed")
+    elif launcher["exit_code"] != 0:
+        reasons.append(f"torchrun: exited with code {launcher['exit_code']} after the restart")
+    reasons += _guard(launcher["guard"])
+    marker = obs["failure_marker"]
+    expected_marker = {"attempt": 0, "exit_code": plan.ELASTIC_EXIT_CODE, "rank": plan.DYING_RANK}
+    if marker != expected_marker:
+        reasons.append(f"failure marker: expected {expected_marker}, got {marker}")
+    target = obs["target"]
+    ranks = target["ranks"] if target is not None else []
+    reasons += _rank_set(ranks, scenario.target_world_size, "restarted group")
+    for rank in ranks:
+        where = f"restarted rank {rank['rank']}"
+        if rank["restart_count"] != 1:
+            reasons.append(f"{where}: TORCHELASTIC_RESTART_COUNT is {rank['restart_count']}, not 1")
+        if rank["max_restarts"] != 1:
+            reasons.append(f"{where}: TORCHELASTIC_MAX_RESTARTS is {rank['max_restarts']}, not 1")
+        if not rank["master_addr_loopback"]:
+            reasons.append(f"{where}: the rendezvous address was not numeric loopback")
+        reasons += _resumed(rank, commit, saved, reference, where)
+    after = obs["after"]
+    if after is None:
+        return [*reasons, "post-restart check: did not run"]
+    if after["pointer"] != commit["pointer_after"]:
+        reasons.append("post-restart: the pointer changed during the elastic restart")
+    if after["receipt"] != commit["receipt"]:
+        reasons.append("post-restart: the generation's receipt digest changed")
+    if after["generations"] != commit["generations_after"]:
+        reasons.append("post-restart: a generation was promoted after the failure")
+    return reasons
+
+
+def _rank_exit(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    reasons: list[str] = []
+    source = obs["source"]
+    codes = source["exit_codes"]
+    dying, planned = obs["dying_rank"], obs["planned_exit_code"]
+    if (dying, planned) != (plan.DYING_RANK, plan.RANK_EXIT_CODE):
+        reasons.append(
+            f"plan: rank {dying} was to exit {planned}; the scenario defines rank {plan.DYING_RANK}, "
+            f"code {plan.RANK_EXIT_CODE}"
+        )
+    if source["timed_out"]:
+        reasons.append("source: timed out and was killed")
+    if len(codes) != scenario.source_world_size:
+        reasons.append(f"source: {len(codes)} exit codes for {scenario.source_world_size} ranks")
+    elif not 0 <= dying < len(codes):
+        reasons.append(f"source: the dying rank {dying} is not in a group of {len(codes)}")
+    else:
+        if codes[dying] != planned:
+            reasons.append(f"source rank {dying}: exit code {codes[dying]}, expected {planned}")
+        # DCP's save is collective: a peer that finished it cleanly never noticed the death.
+        reasons += [
+            f"source rank {r}: exited 0 although a peer died in the middle of the save"
+            for r, c in enumerate(codes)
+            if r != dying and c == 0
+        ]
+    reasons += _rank_set(source["ranks"], scenario.source_world_size, "source")
+    reasons += _consensus([r["saves"][0] for r in source["ranks"] if r["saves"]], "baseline")
+    reasons += _refused_after_baseline(obs, "candidate")
+    candidate = obs["candidate"]
+    if candidate is not None:
+        if candidate["sealed"] or candidate["seal_error"] is None:
+            reasons.append("candidate: a crashed writer's candidate was sealed")
+        if any(f["path"] == plan.METADATA_FILE for f in candidate["files"]):
+            reasons.append(f"candidate: the crashed save left a {plan.METADATA_FILE} commit marker")
+    return reasons
+
+
+def _damaged(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    reasons = _group(obs["source"], scenario.source_world_size, "source")
+    assert scenario.damage is not None, scenario.name
+    kind, suffix, reason = (
+        scenario.damage.kind,
+        scenario.damage.target_suffix,
+        scenario.damage.refusal,
+    )
+    damage = obs["damage"]
+    if damage["kind"] != kind:
+        reasons.append(f"damage: expected a {kind}, recorded a {damage['kind']}")
+    if not damage["path"].endswith(suffix):
+        reasons.append(f"damage: hit {damage['path']!r}, the scenario damages a {suffix} file")
+    if (damage["offset"] is None) != (kind == "remove"):
+        reasons.append("damage: a flip needs the offset it flipped, a removal has none")
+    reasons += _refused_after_baseline(obs, "candidate")
+    candidate = obs["candidate"]
+    if candidate is None:
+        return reasons
+    if not candidate["sealed"]:
+        reasons.append("candidate: was never sealed, so the damage tested nothing")
+    if candidate["receipt"] is not None and candidate["receipt"] == (obs["baseline"] or {}).get(
+        "receipt"
+    ):
+        reasons.append("candidate: has the same receipt as the baseline")
+    if damage["path"] not in {f["path"] for f in candidate["files"]}:
+        reasons.append(f"damage: {damage['path']} was not in the sealed receipt")
+    wanted = {"path": damage["path"], "reason": reason}
+    if wanted not in candidate["refused"]:
+        reasons.append(f"candidate: promotion did not report {damage['path']}: {reason}")
+    return reasons
+
+
+FAMILY_RULES = {
+    "training": _training,
+    "dtensor": _dtensor,
+    "elastic": _elastic,
+    "rank_exit": _rank_exit,
+    "damaged": _damaged,
+}
+
+
+# --- shared checks --------------------------------------------------------------------------
+
+
+def _training_source(obs: Obs, world_size: int) -> tuple[list[str], Any, Any]:
+    """Reasons about the saving group, plus the saved state and uninterrupted next step (rank 0)."""
+    source = obs["source"]
+    reasons = _group(source, world_size, "source")
+    ranks = source["ranks"]
+    for rank in ranks:
+        if len(rank["saves"]) != 1 or rank["next"] is None:
+            reasons.append(f"source rank {rank['rank']}: did not save once and step as planned")
+    complete = [r for r in ranks if len(r["saves"]) == 1 and r["next"] is not None]
+    reasons += _consensus([r["saves"][-1] for r in complete], "source: saved state")
+    reasons += _consensus([r["next"] for r in complete], "source: uninterrupted next step")
+    if not complete:
+        return reasons, None, None
+    return reasons, complete[0]["saves"][-1], complete[0]["next"]
+
+
+def _group(group: Obs, world_size: int, where: str) -> list[str]:
+    reasons = []
+    if group["timed_out"]:
+        reasons.append(f"{where}: timed out and was killed")
+    codes = group["exit_codes"]
+    if len(codes) != world_size:
+        reasons.append(f"{where}: {len(codes)} exit codes for {world_size} ranks")
+    reasons += [f"{where} rank {r}: exited with code {c}" for r, c in enumerate(codes) if c != 0]
+    return reasons + _rank_set(group["ranks"], world_size, where)
+
+
+def _rank_set(ranks: list[Obs], world_size: int, where: str) -> list[str]:
+    got = [r["rank"] for r in ranks]
+    if got != list(range(world_size)):
+        return [f"{where}: reports from ranks {got}, expected {list(range(world_size))}"]
+    return []
+
+
+def _consensus(values: list[Any], what: str) -> list[str]:
+    if any(v != values[0] for v in values[1:]):
+        return [f"{what}: ranks disagree"]
+    return []
+
+
+def _promoted(commit: Obs, where: str) -> list[str]:
+    reasons = []
+    if not commit["sealed"]:
+        reasons.append(f"{where}: {commit['label']} was not sealed ({commit['seal_error']})")
+    if not commit["promoted"]:
+        reasons.append(f"{where}: {commit['label']} was not promoted ({_refusals(commit)})")
+        return reasons
+    if commit["receipt"] is None or commit["refused"]:
+        reasons.append(f"{where}: promoted without a clean receipt ({_refusals(commit)})")
+    names = [f["path"] for f in commit["files"]]
+    if plan.METADATA_FILE not in names or not any(n.endswith(plan.SHARD_SUFFIX) for n in names):
+        reasons.append(
+            f"{where}: the generation lacks {plan.METADATA_FILE} or a {plan.SHARD_SUFFIX} shard: {names}"
+        )
+    if commit["pointer_after"] is None or commit["pointer_after"] == commit["pointer_before"]:
+        reasons.append(f"{where}: the pointer did not move to the new generation")
+    if commit["generations_after"] != commit["generations_before"] + 1:
+        reasons.append(f"{where}: promotion did not add exactly one generation")
+    if commit["candidate_retained"]:
+        reasons.append(f"{where}: the candidate directory was left behind after promotion")
+    return reasons
+
+
+def _refused_after_baseline(obs: Obs, key: str) -> list[str]:
+    """A committed baseline, then a candidate that was not promoted and left everything as it was."""
+    baseline, candidate = obs["baseline"], obs[key]
+    if baseline is None:
+        return ["baseline: did not run"]
+    reasons = _promoted(baseline, "baseline")
+    if candidate is None:
+        return [*reasons, f"{key}: did not run"]
+    if candidate["promoted"]:
+        reasons.append(f"{key}: {candidate['label']} was promoted")
+    if candidate["pointer_before"] != baseline["pointer_after"]:
+        reasons.append(f"{key}: the pointer was not the baseline's before the attempt")
+    if candidate["pointer_after"] != candidate["pointer_before"]:
+        reasons.append(f"{key}: the pointer moved")
+    if candidate["generations_after"] != candidate["generations_before"]:
+        reasons.append(f"{key}: a generation was added")
+    if not candidate["candidate_retained"]:
+        reasons.append(f"{key}: the refused candidate was not kept for inspection")
+    if obs["load_attempted"]:
+        reasons.append(f"{key}: a DCP load was attempted after the refusal")
+    return reasons
+
+
+def _loaded_through_pointer(rank: Obs, commit: Obs, where: str) -> list[str]:
+    reasons = []
+    if rank["generation"] != commit["receipt"]:
+        reasons.append(
+            f"{where}: loaded generation {rank['generation']}, not the committed {commit['receipt']}"
+        )
+    if not rank["verified_before_load"]:
+        reasons.append(f"{where}: receipt verification failed before load ({_refusals(rank)})")
+    elif not rank["verified_after_load"]:
+        reasons.append(f"{where}: receipt verification failed after load")
+    return reasons
+
+
+def _resumed(rank: Obs, commit: Obs, saved: Any, reference: Any, where: str) -> list[str]:
+    reasons = _loaded_through_pointer(rank, commit, where)
+    if rank["loaded"] is None or rank["next"] is None:
+        return [*reasons, f"{where}: did not load and step"]
+    if saved is not None:
+        reasons += _compare_digests(saved, rank["loaded"], f"{where}: after load")
+    if reference is not None:
+        if rank["next"]["loss"] != reference["loss"]:
+            reasons.append(
+                f"{where}: resumed step loss {rank['next']['loss']} differs from the uninterrupted "
+                f"{reference['loss']}"
+            )
+        reasons += _compare_digests(
+            reference["digests"], rank["next"]["digests"], f"{where}: after the resumed step"
+        )
+    return reasons
+
+
+def _compare_digests(expected: dict[str, str], got: dict[str, str], where: str) -> list[str]:
+    reasons = [f"{where}: component {c!r} is missing" for c in sorted(set(expected) - set(got))]
+    reasons += [f"{where}: unexpected component {c!r}" for c in sorted(set(got) - set(expected))]
+    for component in sorted(set(expected) & set(got)):
+        if component != "aggregate" and expected[component] != got[component]:
+            reasons.append(f"{where}: component {component!r} differs from the uninterrupted run")
+    return reasons
+
+
+def _shard_shape(rank: Obs, rows: int, rest: list[int], world_size: int, where: str) -> list[str]:
+    expected = [plan.expected_shard_rows(rows, world_size, rank["rank"]), *rest]
+    if rank["local_shape"] != expected:
+        return [
+            f"{where} rank {rank['rank']}: local shard shape {rank['local_shape']}, expected {expected}"
+        ]
+    return []
+
+
+def _guard(attestation: Obs | None) -> list[str]:
+    if attestation is None:
+        return [
+            "torchrun guard: no attestation; the rendezvous store was not built under the guard"
+        ]
+    reasons = []
+    runtime = runtimes.find(attestation["torch_distribution"], attestation["torch_runtime"])
+    if runtime is None:
+        reasons.append(
+            f"torchrun guard: runtime {attestation['torch_distribution']}/{attestation['torch_runtime']} "
+            "is not registered"
+        )
+    elif (attestation["create_tcp_store_sha256"], attestation["create_tcp_store_bytes"]) != (
+        runtime.create_tcp_store_sha256,
+        runtime.create_tcp_store_bytes,
+    ):
+        reasons.append("torchrun guard: _create_tcp_store source is not the registered one")
+    if not attestation["tcp_store_pristine"]:
+        reasons.append("torchrun guard: the module-local TCPStore was not pristine")
+    if attestation["use_libuv"]:
+        reasons.append("torchrun guard: the rendezvous store was built with libuv")
+    if not attestation["shared_rendezvous_store_disabled"]:
+        reasons.append("torchrun guard: TORCH_DISABLE_SHARE_RDZV_TCP_STORE was not set")
+    if attestation["stores_built"] < 1:
+        reasons.append("torchrun guard: no rendezvous store was built")
+    return reasons
+
+
+def _refusals(record: Obs) -> str:
+    return "; ".join(f"{f['path']}: {f['reason']}" for f in record["refused"]) or "no reason"

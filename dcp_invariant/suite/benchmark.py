@@ -1,0 +1,197 @@
+"""``python -m dcp_invariant.suite.benchmark``: what the suite costs, as ratios measured in one run.
+
+Prints per-scenario wall time, the suite's total, peak RSS (largest process, and the whole
+process tree sampled from /proc where it exists), and the total in units of one
+``python -c "import torch"`` measured in the same run. Then seals a checkpoint of
+``--seal-gib`` GiB and compares sealing and verifying with ``sha256sum`` over the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dcp_invariant import plan
+from dcp_invariant.commit import receipt
+
+_LINE = re.compile(r"^(pass|fail)\s+(\S+)\s+([\d.]+) s$", re.M)
+MIB = 1 << 20
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dcp_invariant.suite.benchmark", description=__doc__
+    )
+    parser.add_argument(
+        "--seal-gib", type=float, default=1.0, help="checkpoint size to seal (0 skips)"
+    )
+    parser.add_argument(
+        "--imports", type=int, default=3, help="import-torch timings to take the median of"
+    )
+    args = parser.parse_args(argv)
+
+    import_seconds = _median_import(args.imports)
+    print(f"python -c 'import torch': {import_seconds:.2f} s (median of {args.imports})")
+    total, per_scenario, tree_peak, ok = _suite()
+    print(f"\n{'scenario':<26}{'wall s':>8}")
+    for name in plan.SCENARIO_NAMES:
+        print(f"{name:<26}{per_scenario.get(name, float('nan')):>8.2f}")
+    largest = _largest_child_rss_mib()
+    print(f"\nsuite total: {total:.2f} s ({'pass' if ok else 'FAIL'})")
+    print(f"suite / import torch: {total / import_seconds:.1f} units")
+    if largest is not None:
+        print(f"peak RSS, largest process: {largest:.0f} MiB")
+    if tree_peak:
+        print(f"peak RSS, whole process tree: {tree_peak / MIB:.0f} MiB")
+    if args.seal_gib > 0:
+        _seal_benchmark(args.seal_gib)
+    return 0 if ok else 1
+
+
+def _largest_child_rss_mib() -> float | None:
+    """Peak RSS of the largest child process; Windows has no ``resource`` module."""
+    if sys.platform == "win32":
+        return None
+    import resource
+
+    kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    return kib / 1024
+
+
+def _median_import(times: int) -> float:
+    samples = []
+    for _ in range(times):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=300)
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def _suite() -> tuple[float, dict[str, float], int, bool]:
+    with tempfile.TemporaryDirectory(prefix="dcp-invariant-bench-") as tmp:
+        command = [
+            sys.executable,
+            "-m",
+            "dcp_invariant",
+            "run",
+            "--output-dir",
+            str(Path(tmp) / "evidence"),
+            "--source-revision",
+            "0" * 40,
+        ]
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        sampler = _TreeSampler(proc.pid)
+        sampler.start()
+        try:
+            _, stderr = proc.communicate(timeout=1800)
+        finally:
+            sampler.stop()
+        total = time.perf_counter() - started
+    per_scenario = {m.group(2): float(m.group(3)) for m in _LINE.finditer(stderr)}
+    if proc.returncode != 0:
+        print(stderr, file=sys.stderr)
+    return total, per_scenario, sampler.peak, proc.returncode == 0
+
+
+class _TreeSampler(threading.Thread):
+    """Sum of resident memory over a process and its descendants, sampled every 50 ms (Linux)."""
+
+    def __init__(self, root: int) -> None:
+        super().__init__(daemon=True)
+        self.root = root
+        self.peak = 0
+        self._done = threading.Event()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    def run(self) -> None:
+        if not Path("/proc").is_dir():
+            return
+        while not self._done.wait(0.05):
+            self.peak = max(self.peak, sum(_rss(pid) for pid in _tree(self.root)))
+
+
+def _tree(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def _rss(pid: int) -> int:
+    # A process that exited between listing and reading holds no memory any more.
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _seal_benchmark(gib: float) -> None:
+    sha256sum = shutil.which("sha256sum")
+    with tempfile.TemporaryDirectory(prefix="dcp-invariant-seal-") as tmp:
+        directory = Path(tmp) / "checkpoint"
+        directory.mkdir()
+        shards = 4
+        per_shard = int(gib * 1024 * MIB) // shards
+        block = os.urandom(8 * MIB)
+        for i in range(shards):
+            with open(directory / f"__{i}_0.distcp", "wb") as f:
+                for _ in range(per_shard // len(block)):
+                    f.write(block)
+        (directory / ".metadata").write_bytes(os.urandom(4096))
+        files = sorted(str(p) for p in directory.iterdir())
+        # Warm the page cache once so both tools read from memory, then take the best of three.
+        _best(lambda: receipt.seal(directory, "bench"), 1)
+        seal = _best(lambda: receipt.seal(directory, "bench"), 3)
+        sealed = receipt.seal(directory, "bench")
+        check = _best(lambda: receipt.check(directory, sealed), 3)
+        print(
+            f"\nseal {gib:g} GiB ({shards} shards + .metadata): {seal:.2f} s; verify: {check:.2f} s"
+        )
+        if sha256sum is None:
+            print("sha256sum not found: no ratio")
+            return
+        tool = _best(
+            lambda: subprocess.run([sha256sum, *files], stdout=subprocess.DEVNULL, check=True), 3
+        )
+        print(f"sha256sum on the same files: {tool:.2f} s")
+        print(f"seal / sha256sum: {seal / tool:.2f}; verify / sha256sum: {check / tool:.2f}")
+
+
+def _best(call: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Launching groups of fresh worker processes, each with a deadline, always reaped.
+
+Process start-up dominates the suite: one ``import torch`` costs about a second here. A fork
+server that has preloaded torch hands out fresh processes in milliseconds; they share no
+training state with anything, which is what a resume test needs from "fresh". Where fork is
+unavailable (Windows) each worker is spawned as a new interpreter instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import canonical
+from dcp_invariant.suite import worker
+
+# What workers import, including what torch 2.13 imports lazily on a worker's first
+# optimizer step, DCP save and DTensor op (torch._dynamo alone is about 0.8 s). A module
+# missing from another torch release is skipped by the fork server.
+PRELOAD = [
+    "dcp_invariant.suite.scenarios.tasks",
+    "dcp_invariant.suite.registered_fixture",
+    "numpy.random",
+    "torch._dynamo",
+    "torch.distributed.checkpoint._fsspec_filesystem",
+    "torch.profiler._cupti_monitor",
+    "torch.utils.serialization",
+]
+# After the first rank fails, how long the others get to notice before they are killed.
+FAILURE_GRACE_SECONDS = 10.0
+
+
+@dataclass
+class GroupOutcome:
+    exit_codes: list[int]
+    timed_out: bool
+    results: list[dict[str, Any]]
+    logs: list[Path]
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(code == 0 for code in self.exit_codes)
+
+    def record(self) -> dict[str, Any]:
+        return {"exit_codes": self.exit_codes, "timed_out": self.timed_out, "ranks": self.results}
+
+    def log_tail(self, lines: int = 20) -> str:
+        out = []
+        for path in self.logs:
+            if path.exists():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(out)
+
+
+class WorkerPool:
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        methods = multiprocessing.get_all_start_methods()
+        self.method = "forkserver" if "forkserver" in methods else "spawn"
+        self._ctx: Any = multiprocessing.get_context(self.method)
+        if self.method == "forkserver":
+            self._ctx.set_forkserver_preload(PRELOAD)
+
+    def start(self, workdir: Path) -> None:
+        """Start the fork server with its home and temp directory inside ``workdir``.
+
+        Importing torch._dynamo creates ``$TMPDIR/torchinductor_<user>``; the server's imports
+        must leave nothing outside the run's workspace. The server copies ``os.environ`` when it
+        starts, so the environment is swapped only around that moment, before any scenario thread
+        exists.
+        """
+        if self.method != "forkserver":
+            return
+        from multiprocessing import forkserver
+
+        workdir.mkdir()
+        for sub in ("home", "tmp"):
+            (workdir / sub).mkdir()
+        isolated = worker.isolated_environment(workdir)
+        saved = {key: os.environ.get(key) for key in isolated}
+        os.environ.update(isolated)
+        try:
+            forkserver.ensure_running()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def run_group(
+        self, task: str, world_size: int, workdir: Path, group: str, payload: dict[str, Any]
+    ) -> GroupOutcome:
+        for sub in ("results", "logs", "pg", "home", "tmp"):
+            (workdir / sub).mkdir(exist_ok=True)
+        procs = [
+            self._ctx.Process(
+                target=worker.forked,
+                args=(task, rank, world_size, str(workdir), group, payload, self.timeout),
+                name=f"dcp-invariant-{group}-{rank}",
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for proc in procs:
+            proc.start()
+        timed_out = _wait(procs, self.timeout)
+        results = []
+        for rank in range(world_size):
+            path = workdir / worker.result_path(group, rank)
+            if path.exists():
+                results.append(canonical.loads(path.read_bytes(), what=path.name))
+        exit_codes = [int(p.exitcode) for p in procs]
+        for proc in procs:
+            proc.close()
+        return GroupOutcome(
+            exit_codes=exit_codes,
+            timed_out=timed_out,
+            results=results,
+            logs=[workdir / worker.log_path(group, r) for r in range(world_size)],
+        )
+
+    def close(self) -> None:
+        if self.method != "forkserver":
+            return
+        # The fork server and its resource tracker live until interpreter exit; stop them now so
+        # an in-process caller (a test) is left with no stray process. Both _stop() methods are
+        # what CPython's own tests use; without them the processes still end with this one.
+        from multiprocessing import forkserver, resource_tracker
+
+        for server in (forkserver._forkserver, resource_tracker._resource_tracker):
+            stop = getattr(server, "_stop", None)
+            if stop is not None:
+                stop()
+
+
+def _wait(procs: list[Any], timeout: float) -> bool:
+    """Join ``procs``; kill them all at the deadline (True) or soon after the first one fails.
+
+    A rank killed because a peer failed shows as a negative exit code, not as a timeout.
+    """
+    deadline = time.monotonic() + timeout
+    kill_at = deadline
+    while True:
+        alive = [p for p in procs if p.exitcode is None]
+        if not alive:
+            return False
+        now = time.monotonic()
+        if any(p.exitcode not in (None, 0) for p in procs):
+            kill_at = min(kill_at, now + FAILURE_GRACE_SECONDS)
+        if now >= kill_at:
+            for p in alive:
+                p.kill()
+            for p in alive:
+                p.join()
+            return now >= deadline
+        multiprocessing.connection.wait(
+            [p.sentinel for p in alive], timeout=min(0.5, kill_at - now)
+        )

@@ -1,0 +1,130 @@
+"""Running the scenarios: one fork server, two scenarios at a time, the torchrun job first.
+
+The runner process itself never imports torch: a preloaded fork server does, once, and every
+worker is forked from it. The elastic scenario starts first because its torchrun job (a fresh
+agent and fresh workers, as torch launches them) is the longest path through the suite.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import plan, runtimes
+from dcp_invariant.evidence import rules
+from dcp_invariant.suite.pool import WorkerPool
+from dcp_invariant.suite.scenarios import DRIVERS
+from dcp_invariant.suite.scenarios.common import ScenarioContext
+
+DEFAULT_TIMEOUT = 180.0
+PARALLEL = 2
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What the console hears about a scenario as it finishes (never written to evidence)."""
+
+    name: str
+    verdict: str
+    seconds: float
+    reasons: list[str]
+    logs: str
+
+
+@dataclass
+class SuiteRun:
+    observations: dict[str, dict[str, Any]]
+    torch_distribution: str
+    torch_runtime: str
+    numpy: str | None
+
+
+class WorkerStartError(RuntimeError):
+    """A fresh worker could not even report torch's version: the installation is broken."""
+
+    def __init__(self, exit_codes: list[int], logs: str) -> None:
+        self.logs = logs
+        super().__init__(
+            f"a worker could not import torch (exit codes {exit_codes}); "
+            "reinstall the runtime: python -m pip install 'dcp-invariant[runtime]'"
+        )
+
+
+def installed_torch() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run_suite(
+    *,
+    names: Sequence[str] = plan.SCENARIO_NAMES,
+    fixture: str = plan.REGISTERED_FIXTURE,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_finish: Callable[[Finished], None] | None = None,
+) -> SuiteRun:
+    """Run ``names`` and return their observations; raises UnsupportedRuntime before any work."""
+    distribution = installed_torch()
+    runtimes.require(distribution)
+    assert distribution is not None
+    order = sorted(names, key=lambda n: plan.BY_NAME[n].family != "elastic")
+    lock = threading.Lock()
+    observations: dict[str, dict[str, Any]] = {}
+    pool = WorkerPool(timeout)
+    try:
+        with tempfile.TemporaryDirectory(prefix="dcp-invariant-") as tmp:
+            workspace = Path(tmp)
+            pool.start(workspace / "server")
+            versions = _probe(pool, workspace / "probe")
+            runtimes.require(distribution, versions["torch"])
+
+            def one(name: str) -> None:
+                started = time.monotonic()
+                scenario = plan.BY_NAME[name]
+                workdir = workspace / name
+                workdir.mkdir()
+                ctx = ScenarioContext(scenario, pool, workdir, fixture)
+                obs = DRIVERS[scenario.family](ctx)
+                elapsed = time.monotonic() - started
+                reasons = rules.derive(name, obs)
+                tails = [o.log_tail() for _, o in ctx.outcomes]
+                logs = "" if not reasons else "\n".join([*ctx.notes, *tails])
+                with lock:
+                    observations[name] = obs
+                    if on_finish is not None:
+                        on_finish(
+                            Finished(name, "fail" if reasons else "pass", elapsed, reasons, logs)
+                        )
+
+            with ThreadPoolExecutor(
+                max_workers=PARALLEL, thread_name_prefix="scenario"
+            ) as executor:
+                for future in [executor.submit(one, name) for name in order]:
+                    future.result()
+    finally:
+        pool.close()
+    return SuiteRun(
+        observations={n: observations[n] for n in names},
+        torch_distribution=distribution,
+        torch_runtime=versions["torch"],
+        numpy=versions["numpy"],
+    )
+
+
+def _probe(pool: WorkerPool, workdir: Path) -> dict[str, str]:
+    """torch.__version__ and NumPy's version, read in a worker: the runner must not import torch."""
+    workdir.mkdir()
+    outcome = pool.run_group(
+        "dcp_invariant.suite.scenarios.tasks:runtime_versions", 1, workdir, "probe", {}
+    )
+    if not outcome.ok or not outcome.results:
+        raise WorkerStartError(outcome.exit_codes, outcome.log_tail())
+    return outcome.results[0]

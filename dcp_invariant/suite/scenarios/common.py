@@ -1,0 +1,192 @@
+"""Driver-side pieces every scenario shares: its workspace, its worker groups, its commits.
+
+Drivers run in the runner process and never import torch; they start worker groups, run the
+commit protocol on what the workers wrote, and assemble the observation record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import plan
+from dcp_invariant.canonical import CanonicalJSONError
+from dcp_invariant.commit import CheckpointStore, CommitError, PromotionRefused, SealError
+from dcp_invariant.evidence import schema
+from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
+
+TASKS = "dcp_invariant.suite.scenarios.tasks"
+LOAD_TASKS = ("load_and_step", "dtensor_load")
+STORE_ROOT = "ckpt"  # relative to the workspace: checkpoint ids never carry an absolute path
+# The baseline is promoted; the candidate, one step later, is what the scenario acts on.
+BASELINE_THEN_CANDIDATE = [
+    (plan.BASELINE_LABEL, plan.STEPS_BEFORE_SAVE),
+    (plan.CANDIDATE_LABEL, plan.STEPS_BEFORE_SAVE + 1),
+]
+# Failures of the protocol or of what workers left on disk: the scenario records them and fails,
+# the rest of the suite goes on. Anything else is a bug in this package and stops the run.
+DRIVER_ERRORS = (CommitError, CanonicalJSONError, OSError, KeyError)
+
+
+class Interner:
+    """Stable labels for digests that differ between runs (receipts, pointers).
+
+    DCP writes a fresh UUID into every ``.metadata``, so receipt digests change from run to run;
+    their equalities do not. Labels are handed out in order of first appearance.
+    """
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[str, str], str] = {}
+        self._counts: dict[str, int] = {}
+
+    def __call__(self, kind: str, digest: str | None) -> str | None:
+        if digest is None:
+            return None
+        key = (kind, digest)
+        if key not in self._labels:
+            self._counts[kind] = self._counts.get(kind, 0) + 1
+            self._labels[key] = f"{kind}-{self._counts[kind]}"
+        return self._labels[key]
+
+
+@dataclass
+class ScenarioContext:
+    scenario: plan.Scenario
+    pool: WorkerPool
+    workdir: Path
+    fixture: str
+    intern: Interner = field(default_factory=Interner)
+    outcomes: list[tuple[str, GroupOutcome]] = field(default_factory=list)
+    tasks_run: list[str] = field(default_factory=list)
+    # What the console shows about a failure and the evidence must not hold (paths, digests).
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def store(self) -> CheckpointStore:
+        return CheckpointStore(self.workdir / STORE_ROOT)
+
+    def group(self, name: str, task: str, world_size: int, payload: dict[str, Any]) -> GroupOutcome:
+        self.tasks_run.append(task)
+        outcome = self.pool.run_group(f"{TASKS}:{task}", world_size, self.workdir, name, payload)
+        self.outcomes.append((name, outcome))
+        return outcome
+
+    def load_attempted(self) -> bool:
+        return any(task in LOAD_TASKS for task in self.tasks_run)
+
+    def begin(self, **fields: Any) -> dict[str, Any]:
+        """The observation with every field present, so a scenario cut short still has its shape."""
+        sc = self.scenario
+        return {
+            "errors": [],
+            "scenario": sc.name,
+            "schema_version": schema.SCHEMA_VERSION,
+            "source_world_size": sc.source_world_size,
+            "target_world_size": sc.target_world_size,
+            "source": {"exit_codes": [], "timed_out": False, "ranks": []},
+            **fields,
+        }
+
+    @contextmanager
+    def recording(self, obs: dict[str, Any]) -> Iterator[None]:
+        """Turn a driver error into a recorded, run-independent reason instead of a crash."""
+        try:
+            yield
+        except DRIVER_ERRORS as exc:
+            obs["errors"].append(f"the driver stopped on {type(exc).__name__}")
+            self.notes.append(f"{type(exc).__name__}: {exc}")
+
+    def candidate_id(self, label: str) -> str:
+        return f"{STORE_ROOT}/candidates/{label}"
+
+    def pointer_label(self) -> str | None:
+        raw = self.store.pointer_bytes()
+        return self.intern("pointer", None if raw is None else hashlib.sha256(raw).hexdigest())
+
+    def target_record(self, outcome: GroupOutcome) -> dict[str, Any]:
+        """A loading group's record, with each rank's raw generation digest turned into a label."""
+        record = outcome.record()
+        record["ranks"] = [
+            {**r, "generation": self.intern("receipt", r["generation"])} for r in record["ranks"]
+        ]
+        return record
+
+    def train(
+        self,
+        obs: dict[str, Any],
+        saves: list[tuple[str, int]],
+        *,
+        reference_step: bool,
+        crash: dict[str, int] | None = None,
+    ) -> GroupOutcome:
+        """Train the fixture, saving ``(label, after_steps)`` in turn; ``crash`` kills the last save."""
+        plan: list[dict[str, Any]] = [
+            {"after_steps": steps, "checkpoint": self.candidate_id(label)} for label, steps in saves
+        ]
+        if crash is not None:
+            plan[-1]["crash"] = crash
+        payload = {"fixture": self.fixture, "saves": plan, "reference_step": reference_step}
+        outcome = self.group("source", "train_and_save", self.scenario.source_world_size, payload)
+        obs["source"] = outcome.record()
+        return outcome
+
+    def commit_baseline(self, obs: dict[str, Any]) -> bool:
+        """Train, save the baseline with the uninterrupted next step as reference, commit it."""
+        baseline = [(plan.BASELINE_LABEL, plan.STEPS_BEFORE_SAVE)]
+        if not self.train(obs, baseline, reference_step=True).ok:
+            return False
+        obs["commit"] = self.commit(plan.BASELINE_LABEL)
+        return bool(obs["commit"]["promoted"])
+
+    def commit(self, label: str, damage: Any = None) -> dict[str, Any]:
+        """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it."""
+        store = self.store
+        record: dict[str, Any] = {
+            "label": label,
+            "sealed": False,
+            "seal_error": None,
+            "receipt": None,
+            "files": _listing(store.candidate(label)),
+            "promoted": False,
+            "refused": [],
+            "pointer_before": self.pointer_label(),
+            "generations_before": len(store.generation_names()),
+        }
+        try:
+            sealed = store.seal(label)
+        except SealError as exc:
+            record["seal_error"] = str(exc)
+        else:
+            record["sealed"] = True
+            record["receipt"] = self.intern("receipt", sealed.digest)
+            record["files"] = [{"path": f.path, "size": f.size} for f in sealed.files]
+            if damage is not None:
+                damage(store.candidate(label))
+            try:
+                store.promote(label)
+            except PromotionRefused as exc:
+                record["refused"] = [f.to_record() for f in exc.failures]
+            else:
+                record["promoted"] = True
+        record["candidate_retained"] = store.candidate(label).is_dir()
+        record["pointer_after"] = self.pointer_label()
+        record["generations_after"] = len(store.generation_names())
+        return record
+
+
+def _listing(directory: Path) -> list[dict[str, Any]]:
+    """Regular files in a candidate that could not be sealed: what a crashed writer left."""
+    if not directory.is_dir():
+        return []
+    out = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            out.append({"path": entry.name, "size": st.st_size})
+    return out

@@ -1,0 +1,35 @@
+"""dtensor_A_to_B: a Shard(0) DTensor saved at world size A and loaded at world size B."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dcp_invariant import plan
+from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+
+
+def run(ctx: ScenarioContext) -> dict[str, Any]:
+    sc = ctx.scenario
+    obs = ctx.begin(
+        global_shape=list(plan.DTENSOR.shape),
+        placement=plan.DTENSOR.placement,
+        dtype=plan.DTENSOR.dtype,
+        commit=None,
+        target=None,
+    )
+    with ctx.recording(obs):
+        source = ctx.group(
+            "source",
+            "dtensor_save",
+            sc.source_world_size,
+            {"checkpoint": ctx.candidate_id(plan.DTENSOR_LABEL)},
+        )
+        obs["source"] = source.record()
+        if not source.ok:
+            return obs
+        obs["commit"] = ctx.commit(plan.DTENSOR_LABEL)
+        if not obs["commit"]["promoted"]:
+            return obs
+        target = ctx.group("target", "dtensor_load", sc.target_world_size, {"store": STORE_ROOT})
+        obs["target"] = ctx.target_record(target)
+    return obs

@@ -1,0 +1,166 @@
+"""elastic_restart_2_to_2: torchrun restarts a failed 2-rank job; it resumes the committed generation.
+
+The launch goes through torch's own launcher (``torch.distributed.run``), guarded by
+:mod:`dcp_invariant.suite.torchrun.launch`, in its own process group so a timeout reaps the agent and
+every worker it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dcp_invariant
+from dcp_invariant import canonical, plan
+from dcp_invariant.commit import ReceiptMismatch, StoreError
+from dcp_invariant.suite import worker
+from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.torchrun import guard
+from dcp_invariant.suite.torchrun.elastic_rank import MARKER_FILE
+
+ATTESTATION_FILE = "guard.json"
+LOG_FILE = "logs/torchrun.log"
+# torchrun answers SIGTERM by stopping its workers, which run in sessions of their own (torch
+# 2.13 starts them with start_new_session): the agent is asked first, then killed.
+STOP_GRACE_SECONDS = 15.0
+
+
+def run(ctx: ScenarioContext) -> dict[str, Any]:
+    sc = ctx.scenario
+    obs = ctx.begin(
+        fixture=ctx.fixture,
+        steps_before_save=plan.STEPS_BEFORE_SAVE,
+        commit=None,
+        launcher=None,
+        failure_marker=None,
+        target=None,
+        after=None,
+    )
+    with ctx.recording(obs):
+        if not ctx.commit_baseline(obs):
+            return obs
+
+        exit_code, timed_out = _torchrun(ctx.workdir, ctx.fixture, ctx.pool.timeout)
+        attestation = ctx.workdir / ATTESTATION_FILE
+        obs["launcher"] = {
+            "arguments": list(plan.TORCHRUN_ARGUMENTS),
+            "exit_code": exit_code,
+            "timed_out": timed_out,
+            "guard": canonical.loads(attestation.read_bytes(), what=ATTESTATION_FILE)
+            if attestation.exists()
+            else None,
+        }
+        if exit_code != 0:
+            ctx.notes.append((ctx.workdir / LOG_FILE).read_text(errors="replace")[-4000:])
+        marker = ctx.workdir / MARKER_FILE
+        if marker.exists():
+            obs["failure_marker"] = canonical.loads(marker.read_bytes(), what=MARKER_FILE)
+        ranks = []
+        for rank in range(sc.target_world_size):
+            path = ctx.workdir / worker.result_path("elastic-attempt1", rank)
+            if path.exists():
+                record = canonical.loads(path.read_bytes(), what=path.name)
+                ranks.append({**record, "generation": ctx.intern("receipt", record["generation"])})
+        obs["target"] = {"ranks": ranks}
+        obs["after"] = _after(ctx, obs)
+    return obs
+
+
+def _after(ctx: ScenarioContext, obs: dict[str, Any]) -> dict[str, Any]:
+    """Re-resolve the pointer after the restart: same bytes, same receipt, no new generation."""
+    store = ctx.store
+    receipt = None
+    try:
+        receipt = ctx.intern("receipt", store.resolve().digest)
+    except ReceiptMismatch as exc:
+        failures = "; ".join(map(str, exc.failures))
+        obs["errors"].append(
+            f"post-restart: the committed generation no longer verifies: {failures}"
+        )
+    except StoreError as exc:
+        obs["errors"].append("post-restart: the pointer or its receipt can no longer be read")
+        ctx.notes.append(str(exc))
+    return {
+        "pointer": ctx.pointer_label(),
+        "receipt": receipt,
+        "generations": len(store.generation_names()),
+    }
+
+
+def _torchrun(workdir: Path, fixture: str, timeout: float) -> tuple[int, bool]:
+    payload = {
+        "dying_rank": plan.DYING_RANK,
+        "exit_code": plan.ELASTIC_EXIT_CODE,
+        "fixture": fixture,
+        "store": STORE_ROOT,
+        "timeout": timeout,
+    }
+    (workdir / plan.ELASTIC_PAYLOAD_FILE).write_text(json.dumps(payload), encoding="utf-8")
+    command = [
+        sys.executable,
+        "-m",
+        "dcp_invariant.suite.torchrun.launch",
+        *list(plan.TORCHRUN_ARGUMENTS),
+    ]
+    env = dict(os.environ)
+    env.update(worker.isolated_environment(workdir))
+    env[guard.ATTESTATION_ENV] = ATTESTATION_FILE
+    # Workers are fresh interpreters: give them this very package and, as multiprocessing does
+    # for its spawned children, the runner's import path, where the fixture module was found.
+    package_parent = str(Path(dcp_invariant.__file__).resolve().parent.parent)
+    search = [package_parent] + [str(Path(p).resolve()) for p in sys.path if p and Path(p).is_dir()]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(search))
+    with open(workdir / LOG_FILE, "wb") as log:
+        proc = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            **_new_process_group(),
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            return proc.wait(), True
+        # The agent reaps its workers; this catches any it could not, so none outlive the run.
+        _kill_group(proc)
+        return code, False
+
+
+def _new_process_group() -> dict[str, Any]:
+    if sys.platform == "win32":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ask torchrun to stop its workers, then kill whatever is left."""
+    if os.name == "nt":
+        subprocess.run(
+            ["taskkill", "/F", "/T", "/PID", str(proc.pid)],
+            check=False,
+            capture_output=True,
+            timeout=60,
+        )
+        return
+    proc.terminate()
+    # An agent that ignores SIGTERM is killed below, with its workers where they are reachable.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=STOP_GRACE_SECONDS)
+    _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if sys.platform == "win32":
+        return
+    with contextlib.suppress(ProcessLookupError):  # nothing left in the group
+        os.killpg(proc.pid, signal.SIGKILL)

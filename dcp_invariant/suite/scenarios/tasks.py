@@ -1,0 +1,154 @@
+"""What workers do inside their process group: train, save, load through the pointer, step.
+
+Every function here runs in a fresh worker (see :mod:`dcp_invariant.suite.worker`) and reports plain
+records; the driver in the runner process turns them into observations. Checkpoint ids are
+relative to the scenario workspace, so no path reaches DCP's metadata or the evidence.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+from dcp_invariant import plan
+from dcp_invariant.commit import ReceiptMismatch
+from dcp_invariant.commit.store import CheckpointStore
+from dcp_invariant.suite.digest import component_digests, value_digest
+from dcp_invariant.suite.fixture import build_app
+from dcp_invariant.suite.worker import Report
+
+DTENSOR_DTYPE = getattr(torch, plan.DTENSOR.dtype.removeprefix("torch."))
+DTENSOR_SHAPE = plan.DTENSOR.shape
+DTENSOR_PLACEMENTS = {"Shard(0)": [Shard(0)]}[plan.DTENSOR.placement]
+
+
+class _CrashingWriter(FileSystemWriter):
+    """A writer whose chosen rank dies after writing its shard and before the commit marker."""
+
+    def __init__(self, path: str, crash_rank: int, exit_code: int) -> None:
+        super().__init__(path)
+        self._crash_rank = crash_rank
+        self._exit_code = exit_code
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        future = super().write_data(plan, planner)
+        if dist.get_rank() == self._crash_rank:
+            future.wait()
+            os._exit(self._exit_code)
+        return future
+
+
+def runtime_versions(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+    report({"numpy": numpy.__version__, "torch": str(torch.__version__)})
+
+
+def train_and_save(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+    """Train, save at each planned step, then (optionally) take the uninterrupted next step."""
+    app = build_app(payload["fixture"], rank, world_size)
+    record: dict[str, Any] = {"rank": rank, "saves": [], "next": None}
+    steps = 0
+    for save in payload["saves"]:
+        while steps < save["after_steps"]:
+            app.step()
+            steps += 1
+        crash = save.get("crash")
+        if crash is None:
+            writer = FileSystemWriter(save["checkpoint"])
+        else:
+            writer = _CrashingWriter(save["checkpoint"], crash["rank"], crash["exit_code"])
+        dcp_save({"app": app}, storage_writer=writer)
+        record["saves"].append(component_digests(app.state_dict()))
+        report(record)
+    if payload["reference_step"]:
+        record["next"] = _step(app)
+        report(record)
+
+
+def load_and_step(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+    """Load through the pointer into a fresh app; record what loaded and the next step."""
+    app = build_app(payload["fixture"], rank, world_size)
+    record = load_through_pointer(payload["store"], {"app": app}, rank)
+    record["loaded"] = None
+    record["next"] = None
+    if record["verified_before_load"]:
+        record["loaded"] = component_digests(app.state_dict())
+        record["next"] = _step(app)
+    report({**record, **payload.get("extra", {})})
+
+
+def dtensor_save(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+    mesh = init_device_mesh("cpu", (world_size,))
+    global_tensor = (
+        torch.arange(DTENSOR_SHAPE[0] * DTENSOR_SHAPE[1], dtype=DTENSOR_DTYPE).reshape(
+            DTENSOR_SHAPE
+        )
+        / 8
+        - 1
+    )
+    tensor = distribute_tensor(global_tensor, mesh, DTENSOR_PLACEMENTS)
+    dcp_save({"tensor": tensor}, checkpoint_id=payload["checkpoint"])
+    report(
+        {
+            "rank": rank,
+            "local_shape": list(tensor.to_local().shape),
+            "global_digest": value_digest(tensor.full_tensor()),
+        }
+    )
+
+
+def dtensor_load(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+    mesh = init_device_mesh("cpu", (world_size,))
+    tensor = distribute_tensor(
+        torch.zeros(DTENSOR_SHAPE, dtype=DTENSOR_DTYPE), mesh, DTENSOR_PLACEMENTS
+    )
+    record = load_through_pointer(payload["store"], {"tensor": tensor}, rank)
+    record["local_shape"] = None
+    record["global_digest"] = None
+    if record["verified_before_load"]:
+        record["local_shape"] = list(tensor.to_local().shape)
+        record["global_digest"] = value_digest(tensor.full_tensor())
+    report(record)
+
+
+def load_through_pointer(store_root: str, state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Resolve and verify the pointer's generation, load it, verify it again.
+
+    ``generation`` is the raw receipt digest; the driver turns it into a stable label.
+    """
+    store = CheckpointStore(store_root)
+    record: dict[str, Any] = {
+        "rank": rank,
+        "generation": None,
+        "verified_before_load": False,
+        "verified_after_load": False,
+        "refused": [],
+    }
+    try:
+        generation = store.resolve()
+    except ReceiptMismatch as exc:
+        record["refused"] = [f.to_record() for f in exc.failures]
+        return record
+    record["generation"] = generation.digest
+    record["verified_before_load"] = True
+    dcp_load(state, checkpoint_id=str(generation.path))
+    try:
+        store.verify(generation)
+    except ReceiptMismatch as exc:
+        record["refused"] = [f.to_record() for f in exc.failures]
+    else:
+        record["verified_after_load"] = True
+    return record
+
+
+def _step(app: Any) -> dict[str, Any]:
+    loss = app.step()
+    return {"loss": float(loss).hex(), "digests": component_digests(app.state_dict())}

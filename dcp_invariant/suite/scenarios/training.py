@@ -1,0 +1,26 @@
+"""training_A_to_B: save at world size A, resume in fresh processes at world size B."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dcp_invariant import plan
+from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+
+
+def run(ctx: ScenarioContext) -> dict[str, Any]:
+    sc = ctx.scenario
+    obs = ctx.begin(
+        fixture=ctx.fixture, steps_before_save=plan.STEPS_BEFORE_SAVE, commit=None, target=None
+    )
+    with ctx.recording(obs):
+        if not ctx.commit_baseline(obs):
+            return obs
+        target = ctx.group(
+            "target",
+            "load_and_step",
+            sc.target_world_size,
+            {"fixture": ctx.fixture, "store": STORE_ROOT},
+        )
+        obs["target"] = ctx.target_record(target)
+    return obs

@@ -1,0 +1,33 @@
+"""``python -m dcp_invariant.suite.torchrun.launch [torchrun arguments]``: torchrun, guarded.
+
+Python swallows an exception raised in ``sitecustomize`` and carries on, so a guard installed
+there would let torchrun run unguarded after printing "Error in sitecustomize". Here the guard
+runs first in the launcher itself, and a refusal ends the process before torch's own
+``torch.distributed.run`` entry point is called.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from dcp_invariant.suite.torchrun import guard
+
+GUARD_REFUSED_EXIT_CODE = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        guard.install(os.environ.get(guard.ATTESTATION_ENV))
+    except guard.GuardError as exc:
+        print(f"dcp-invariant: torchrun guard refused to start: {exc}", file=sys.stderr)
+        return GUARD_REFUSED_EXIT_CODE
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

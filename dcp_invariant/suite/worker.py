@@ -1,0 +1,125 @@
+"""What every fresh worker process does first: isolate itself, join its group, run one task.
+
+A worker is forked from a server that preloaded torch (or spawned, or started by torchrun);
+none of them carries training state, so each is fresh for resume purposes. Results go to a
+canonical JSON file per rank, rewritten atomically after each phase, so a rank that dies
+mid-task still leaves what it finished.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import canonical
+from dcp_invariant.commit import durable
+
+Report = Callable[[dict[str, Any]], None]
+Task = Callable[[int, int, dict[str, Any], Report], None]
+
+
+def result_path(group: str, rank: int) -> str:
+    return f"results/{group}-rank{rank}.json"
+
+
+def log_path(group: str, rank: int) -> str:
+    return f"logs/{group}-rank{rank}.log"
+
+
+def isolated_environment(workdir: Path) -> dict[str, str]:
+    """Variables that keep a worker's home, temp files and sockets inside its scenario."""
+    env = {
+        "HOME": str(workdir / "home"),
+        "USERPROFILE": str(workdir / "home"),
+        "TMPDIR": str(workdir / "tmp"),
+        "TMP": str(workdir / "tmp"),
+        "TEMP": str(workdir / "tmp"),
+        "OMP_NUM_THREADS": "1",
+    }
+    loopback = loopback_interface()
+    if loopback is not None:
+        # Gloo binds the address its hostname resolves to unless told which interface to use.
+        env["GLOO_SOCKET_IFNAME"] = loopback
+    return env
+
+
+def loopback_interface() -> str | None:
+    if not hasattr(socket, "if_nameindex"):
+        return None
+    for _, name in socket.if_nameindex():
+        if name in ("lo", "lo0"):
+            return name
+    return None
+
+
+def run(
+    task: str, rank: int, world_size: int, group: str, payload: dict[str, Any], timeout: float
+) -> None:
+    """Entry point of a worker whose working directory is its scenario's workspace.
+
+    ``timeout`` bounds every collective, so a rank whose peer vanished fails instead of hanging.
+    """
+    workdir = Path.cwd()
+    os.environ.update(isolated_environment(workdir))
+    tempfile.tempdir = None
+    _redirect_output(log_path(group, rank))
+
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import FileStore
+
+    torch.set_num_threads(1)
+    fn = resolve(task)
+    report = reporter(result_path(group, rank))
+    # A FileStore needs no port: only Gloo's own sockets listen, on loopback.
+    store = FileStore(f"pg/{group}", world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
+    )
+    try:
+        fn(rank, world_size, payload, report)
+    finally:
+        dist.destroy_process_group()
+
+
+def forked(
+    task: str,
+    rank: int,
+    world_size: int,
+    workdir: str,
+    group: str,
+    payload: dict[str, Any],
+    timeout: float,
+) -> None:
+    """Target of a forked or spawned worker: move into the workspace, then :func:`run`."""
+    os.chdir(workdir)
+    run(task, rank, world_size, group, payload, timeout)
+
+
+def reporter(path: str) -> Report:
+    def report(record: dict[str, Any]) -> None:
+        durable.replace_file(Path(path), canonical.dumps(record))
+
+    return report
+
+
+def resolve(task: str) -> Task:
+    module_name, _, attr = task.partition(":")
+    fn: Task = getattr(importlib.import_module(module_name), attr)
+    return fn
+
+
+def _redirect_output(path: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

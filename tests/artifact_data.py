@@ -1,0 +1,26 @@
+"""The checked-in artifact under tests/data/artifact, a real run's output
+(``dcp-invariant run --source-revision 0123456789abcdef0123456789abcdef01234567``), and readers
+for it: torch-free tests derive every good and bad artifact from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import canonical, plan
+from dcp_invariant.evidence import schema
+
+DATA_ARTIFACT = Path(__file__).parent / "data" / "artifact"
+
+Observations = dict[str, dict[str, Any]]
+
+
+def read_observations(directory: Path) -> Observations:
+    return {
+        name: canonical.loads((directory / schema.observation_file(name)).read_bytes())
+        for name in plan.SCENARIO_NAMES
+    }
+
+
+def read_provenance(directory: Path) -> dict[str, Any]:
+    return canonical.loads((directory / schema.PROVENANCE_FILE).read_bytes())

@@ -1,0 +1,353 @@
+"""The derived evidence files: JUnit, manifest, artifact layout and writing, provenance, runtimes."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from artifact_data import DATA_ARTIFACT, read_observations, read_provenance
+
+from dcp_invariant import canonical, plan, runtimes
+from dcp_invariant.evidence import artifact, junit, manifest, provenance, rules, schema
+
+Results = dict[str, dict[str, Any]]
+
+
+def passing_results() -> Results:
+    observations = read_observations(DATA_ARTIFACT)
+    return {n: rules.result_record(n, observations[n]) for n in plan.SCENARIO_NAMES}
+
+
+def failing(name: str, reasons: list[str]) -> dict[str, Any]:
+    return {
+        "reasons": reasons,
+        "scenario": name,
+        "schema_version": schema.SCHEMA_VERSION,
+        "verdict": "fail",
+    }
+
+
+# --- junit -----------------------------------------------------------------------------------
+
+SPECIAL = "a < b & c > \"d\" 'e'"
+
+
+@pytest.fixture
+def two_failures() -> Results:
+    results = passing_results()
+    results["dtensor_2_to_1"] = failing("dtensor_2_to_1", [SPECIAL, "second reason"])
+    results["corrupt_shard"] = failing("corrupt_shard", ["only reason"])
+    return results
+
+
+def test_junit_has_one_testcase_per_scenario_in_schema_order(two_failures: Results) -> None:
+    root = ET.fromstring(junit.render(two_failures))
+
+    cases = root.findall("./testsuite/testcase")
+    assert [c.get("name") for c in cases] == list(plan.SCENARIO_NAMES)
+    for element in (root, root.find("testsuite")):
+        assert element is not None
+        assert element.get("tests") == "11"
+        assert element.get("failures") == "2"
+        assert element.get("errors") == "0"
+
+
+def test_junit_failures_carry_the_reasons(two_failures: Results) -> None:
+    root = ET.fromstring(junit.render(two_failures))
+
+    failures = {
+        c.get("name"): c.find("failure")
+        for c in root.iter("testcase")
+        if c.find("failure") is not None
+    }
+    assert set(failures) == {"dtensor_2_to_1", "corrupt_shard"}
+    for name, failure in failures.items():
+        reasons = two_failures[name]["reasons"]
+        assert failure.get("message") == reasons[0]
+        assert failure.text == "\n".join(reasons)
+
+
+def test_junit_escapes_special_characters(two_failures: Results) -> None:
+    raw = junit.render(two_failures)
+
+    # Parsing round-trips the text (checked above); the raw bytes show it was escaped, not
+    # passed through.
+    assert SPECIAL.encode() not in raw
+    assert b"a &lt; b &amp; c &gt;" in raw
+
+
+def test_junit_has_no_timings(two_failures: Results) -> None:
+    raw = junit.render(two_failures)
+
+    assert b"time=" not in raw
+    assert all(
+        "time" not in e.attrib and "timestamp" not in e.attrib for e in ET.fromstring(raw).iter()
+    )
+
+
+def test_junit_of_the_real_run_matches_the_artifact() -> None:
+    assert junit.render(passing_results()) == (DATA_ARTIFACT / schema.JUNIT_FILE).read_bytes()
+
+
+def test_junit_stays_well_formed_with_control_characters() -> None:
+    results = passing_results()
+    results["missing_shard"] = failing("missing_shard", ["error: \x1b[31mboom\x1b[0m"])
+
+    ET.fromstring(junit.render(results))
+
+
+# --- manifest --------------------------------------------------------------------------------
+
+FILES = {
+    "summary.json": b"{}\n",
+    "observations/b.json": b"b\n",
+    "observations/a.json": b"",
+    "junit.xml": b"<x/>\n",
+}
+
+
+def test_manifest_is_sorted_sha256sum_text() -> None:
+    raw = manifest.render(FILES)
+
+    lines = raw.decode("ascii").splitlines()
+    assert raw.endswith(b"\n")
+    assert [line.split("  ", 1)[1] for line in lines] == sorted(FILES)
+    for line in lines:
+        digest, path = re.fullmatch(r"([0-9a-f]{64})  (\S+)", line).groups()  # type: ignore[union-attr]
+        assert digest == hashlib.sha256(FILES[path]).hexdigest()
+
+
+def test_manifest_round_trips() -> None:
+    parsed = manifest.parse(manifest.render(FILES))
+
+    assert parsed == {p: hashlib.sha256(d).hexdigest() for p, d in FILES.items()}
+    assert list(parsed) == sorted(FILES)
+
+
+def test_manifest_of_the_real_run_parses() -> None:
+    raw = (DATA_ARTIFACT / schema.MANIFEST_FILE).read_bytes()
+
+    assert list(manifest.parse(raw)) == [
+        r for r in schema.ARTIFACT_FILES if r != schema.MANIFEST_FILE
+    ]
+
+
+GOOD_A = f"{'a' * 64}  a.json\n"
+GOOD_B = f"{'b' * 64}  b.json\n"
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        (b"", "must end with a newline"),
+        (GOOD_A.rstrip("\n").encode(), "must end with a newline"),
+        (b"\n", "line 1"),
+        (f"{'a' * 64} a.json\n".encode(), "line 1"),  # one space
+        (f"{'a' * 64}  *a.json\n".encode(), "line 1"),  # binary-mode marker
+        (f"{'A' * 64}  a.json\n".encode(), "line 1"),
+        (f"{'a' * 63}  a.json\n".encode(), "line 1"),
+        ((GOOD_A + f"{'a' * 64}  a b.json\n").encode(), "line 2"),
+        (GOOD_A.replace("\n", "\r\n").encode(), "line 1"),
+        ((GOOD_A + GOOD_A).encode(), "a.json listed twice"),
+        ((GOOD_B + GOOD_A).encode(), "sorted"),
+        ((GOOD_A + "\n").encode(), "line 2"),
+        (f"{'a' * 64}  é.json\n".encode(), "not ASCII"),
+    ],
+    ids=[
+        "empty",
+        "no trailing newline",
+        "blank line",
+        "one space",
+        "binary marker",
+        "uppercase digest",
+        "short digest",
+        "space in path",
+        "CRLF",
+        "duplicate",
+        "unsorted",
+        "trailing blank line",
+        "non-ASCII",
+    ],
+)
+def test_manifest_parse_rejects(raw: bytes, text: str) -> None:
+    with pytest.raises(manifest.ManifestError, match=re.escape(text)) as info:
+        manifest.parse(raw)
+    assert str(info.value).startswith("manifest.sha256")
+
+
+# --- artifact --------------------------------------------------------------------------------
+
+
+def test_build_produces_exactly_the_schema_files() -> None:
+    files = artifact.build(read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT))
+
+    assert tuple(sorted(files)) == schema.ARTIFACT_FILES
+    assert len(files) == 26
+
+
+def test_build_reproduces_the_real_artifact_byte_for_byte() -> None:
+    # Same observations and provenance, same bytes: nothing run-varying leaks into evidence.
+    files = artifact.build(read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT))
+
+    for rel, data in files.items():
+        assert data == (DATA_ARTIFACT / rel).read_bytes(), rel
+
+
+def test_build_refuses_an_incomplete_set_of_observations() -> None:
+    observations = read_observations(DATA_ARTIFACT)
+    del observations["missing_shard"]
+
+    with pytest.raises(ValueError, match="expected observations"):
+        artifact.build(observations, read_provenance(DATA_ARTIFACT))
+
+
+def test_build_refuses_an_unknown_scenario() -> None:
+    observations = read_observations(DATA_ARTIFACT)
+    observations["extra"] = observations["missing_shard"]
+
+    with pytest.raises(ValueError, match="expected observations"):
+        artifact.build(observations, read_provenance(DATA_ARTIFACT))
+
+
+def _files() -> dict[str, bytes]:
+    return artifact.build(read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT))
+
+
+def test_write_creates_the_directory_with_every_file(tmp_path: Path) -> None:
+    files = _files()
+    target = tmp_path / "evidence"
+
+    artifact.write(target, files)
+
+    written = {
+        str(p.relative_to(target).as_posix()): p.read_bytes()
+        for p in target.rglob("*")
+        if p.is_file()
+    }
+    assert written == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence"]
+
+
+def test_write_refuses_an_existing_directory(tmp_path: Path) -> None:
+    target = tmp_path / "evidence"
+    target.mkdir()
+    (target / "keep.txt").write_bytes(b"mine\n")
+
+    with pytest.raises(FileExistsError):
+        artifact.write(target, _files())
+
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    assert (target / "keep.txt").read_bytes() == b"mine\n"
+    # No staging directory is left beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence"]
+
+
+def test_write_cleans_up_when_a_file_cannot_be_written(tmp_path: Path) -> None:
+    files = _files()
+    files["elsewhere/file.json"] = b"{}\n"  # no such subdirectory is staged
+    target = tmp_path / "evidence"
+
+    with pytest.raises(OSError):
+        artifact.write(target, files)
+
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- provenance ------------------------------------------------------------------------------
+
+
+def _provenance(**overrides: Any) -> dict[str, Any]:
+    arguments: dict[str, Any] = {
+        "source_revision": "0123456789abcdef0123456789abcdef01234567",
+        "torch_distribution": "2.13.0+cpu",
+        "torch_runtime": "2.13.0+cpu",
+        "numpy": "2.4.6",
+    }
+    return provenance.build(**{**arguments, **overrides})
+
+
+def test_provenance_is_unauthenticated_and_valid() -> None:
+    record = _provenance()
+
+    assert record["authenticated"] is False
+    assert record["schema_version"] == schema.SCHEMA_VERSION
+    assert record["source_revision"] == "0123456789abcdef0123456789abcdef01234567"
+    assert provenance.SHAPE(record, schema.PROVENANCE_FILE) == []
+    # It must also be encodable as evidence.
+    assert canonical.loads(canonical.dumps(record)) == record
+
+
+def test_provenance_without_numpy_is_valid() -> None:
+    assert provenance.SHAPE(_provenance(numpy=None), schema.PROVENANCE_FILE) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "text"),
+    [
+        ("authenticated", True, "authenticated: expected one of [False]"),
+        ("source_revision", "HEAD", "a 40-hex source revision"),
+        ("schema_version", 1, "schema_version: expected one of [2]"),
+        ("tool", None, "tool: expected a string"),
+    ],
+)
+def test_provenance_shape_rejects(key: str, value: Any, text: str) -> None:
+    record = {**_provenance(), key: value}
+
+    assert any(text in p for p in provenance.SHAPE(record, schema.PROVENANCE_FILE))
+
+
+def test_real_provenance_is_valid() -> None:
+    assert provenance.SHAPE(read_provenance(DATA_ARTIFACT), schema.PROVENANCE_FILE) == []
+
+
+# --- runtimes --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "registered", runtimes.RUNTIMES, ids=lambda r: f"{r.distribution}/{r.torch}"
+)
+def test_registered_pairs_are_found_and_required(registered: runtimes.Runtime) -> None:
+    assert runtimes.find(registered.distribution, registered.torch) is registered
+    assert runtimes.require(registered.distribution, registered.torch) is None
+    # Before torch is imported only the distribution can be checked; that check passes.
+    assert runtimes.require(registered.distribution) is None
+
+
+def test_find_requires_the_exact_pair() -> None:
+    assert runtimes.find("2.13.0+cpu", "2.11.0+cpu") is None
+
+
+def test_require_none_means_torch_is_not_installed() -> None:
+    with pytest.raises(runtimes.UnsupportedRuntime, match="torch is not installed"):
+        runtimes.require(None)
+
+
+@pytest.mark.parametrize(
+    ("distribution", "version", "installed"),
+    [
+        ("9.9.9", None, "9.9.9/(not imported)"),
+        ("9.9.9", "9.9.9", "9.9.9/9.9.9"),
+        ("2.13.0+cpu", "2.11.0+cpu", "2.13.0+cpu/2.11.0+cpu"),  # each half registered, not the pair
+    ],
+)
+def test_require_names_the_installed_and_registered_pairs(
+    distribution: str, version: str | None, installed: str
+) -> None:
+    with pytest.raises(runtimes.UnsupportedRuntime) as info:
+        runtimes.require(distribution, version)
+
+    message = str(info.value)
+    assert f"unregistered torch runtime {installed}" in message
+    for registered in runtimes.RUNTIMES:
+        assert f"{registered.distribution}/{registered.torch}" in message
+    assert "\n" not in message
+
+
+def test_the_real_run_used_a_registered_runtime() -> None:
+    record = read_provenance(DATA_ARTIFACT)
+
+    assert runtimes.find(record["torch_distribution"], record["torch_runtime"]) is not None

@@ -1,0 +1,73 @@
+"""The folders are the architecture: the import graph between them is checked, not hoped for."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dcp_invariant
+
+PACKAGE = Path(dcp_invariant.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each package module and the package modules it imports (any depth, lazy ones included)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.add(node.module)
+                targets |= {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {t for t in targets if t.split(".")[0] == "dcp_invariant"}
+    modules = set(graph)
+    # ``from dcp_invariant.evidence import rules`` names a module; ``import X`` of a name does not.
+    return {name: {t for t in targets if t in modules} for name, targets in graph.items()}
+
+
+def test_evidence_and_commit_never_import_the_suite() -> None:
+    for name, targets in _imports().items():
+        if name.startswith(("dcp_invariant.evidence", "dcp_invariant.commit")):
+            assert not [t for t in targets if t.startswith("dcp_invariant.suite")], name
+
+
+def test_the_evidence_side_does_not_need_the_commit_protocol() -> None:
+    for name, targets in _imports().items():
+        if name.startswith("dcp_invariant.evidence"):
+            assert not [t for t in targets if t.startswith("dcp_invariant.commit")], name
+
+
+def test_shared_modules_stand_on_the_standard_library() -> None:
+    graph = _imports()
+    for name in ("dcp_invariant.canonical", "dcp_invariant.plan", "dcp_invariant.runtimes"):
+        assert graph[name] <= {"dcp_invariant"}, (name, graph[name])
+
+
+def test_the_import_graph_has_no_cycles() -> None:
+    graph = _imports()
+    # A package's __init__ importing its own modules is how a curated namespace works.
+    edges = {
+        name: {t for t in targets if not name.startswith(t + ".") and t != name}
+        for name, targets in graph.items()
+    }
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            raise AssertionError(" -> ".join([*path[path.index(name) :], name]))
+        if name in done:
+            return
+        for target in sorted(edges.get(name, ())):
+            visit(target, [*path, name])
+        done.add(name)
+
+    for name in sorted(edges):
+        visit(name, [])
