@@ -36,9 +36,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dcp-invariant {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="run the eleven scenarios and write an evidence artifact")
+    run = sub.add_parser(
+        "run",
+        help="run the registered scenarios, or your fixture's, and write an evidence artifact",
+    )
     run.add_argument(
-        "--output-dir", required=True, type=Path, help="artifact directory (must not exist)"
+        "--output-dir",
+        required=True,
+        type=Path,
+        help="artifact directory (must not exist, or be an empty directory)",
+    )
+    run.add_argument(
+        "--fixture",
+        metavar="MODULE:CALLABLE",
+        help="check your own training loop: CALLABLE(rank, world_size) returns an app with "
+        "state_dict(), load_state_dict(sd) and step() -> float (the current directory is importable)",
+    )
+    run.add_argument(
+        "--world-sizes",
+        default=None,
+        help=f"with --fixture: distinct world sizes up to {plan.MAX_WORLD_SIZE} "
+        f"(default {','.join(map(str, plan.DEFAULT_WORLD_SIZES))})",
+    )
+    run.add_argument(
+        "--steps-before",
+        type=int,
+        default=None,
+        help=f"with --fixture: steps before the save (default {plan.DEFAULT_STEPS_BEFORE})",
+    )
+    run.add_argument(
+        "--steps-after",
+        type=int,
+        default=None,
+        help=f"with --fixture: steps compared after the resume (default {plan.DEFAULT_STEPS_AFTER})",
     )
     run.add_argument(
         "--source-revision",
@@ -119,7 +149,7 @@ def _verify(args: argparse.Namespace) -> int:
             f"{directory} is not a directory: pass the directory `dcp-invariant run` wrote"
         )
     report = verify_artifact(directory)
-    for name in plan.SCENARIO_NAMES:
+    for name in report.run_plan.names:
         result = report.results.get(name)
         if result is None:
             print(f"INVALID  {name}")
@@ -167,9 +197,11 @@ def _run(args: argparse.Namespace) -> int:
     from dcp_invariant.suite import runner
 
     output: Path = args.output_dir
-    if output.exists() or output.is_symlink():
+    run_plan = _run_plan(args)
+    if output.is_symlink() or (output.exists() and not _empty_dir(output)):
         raise UsageError(
-            f"{output} already exists: choose a new --output-dir (nothing is overwritten)"
+            f"{output} already exists and is not an empty directory: choose a new --output-dir "
+            "(nothing is overwritten)"
         )
     if not output.parent.is_dir():
         raise UsageError(
@@ -191,10 +223,16 @@ def _run(args: argparse.Namespace) -> int:
         if done.logs:
             print(done.logs, file=sys.stderr)
 
+    if run_plan.kind == "fixture":
+        # As uvicorn and gunicorn do for MODULE:ATTR: the fixture's module is found from here.
+        sys.path.insert(0, os.getcwd())
     try:
-        suite = runner.run_suite(timeout=timeout, on_finish=progress)
-    except runtimes.UnsupportedRuntime as exc:
+        suite = runner.run_suite(run_plan=run_plan, timeout=timeout, on_finish=progress)
+    except (runtimes.UnsupportedRuntime, runner.FixtureProblem) as exc:
         raise UsageError(str(exc)) from exc
+    except runner.FixtureTimeout as exc:
+        print(f"dcp-invariant: fail: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     except runner.WorkerStartError as exc:
         print(exc.logs, file=sys.stderr)
         raise UsageError(str(exc)) from exc
@@ -203,8 +241,9 @@ def _run(args: argparse.Namespace) -> int:
         torch_distribution=suite.torch_distribution,
         torch_runtime=suite.torch_runtime,
         numpy=suite.numpy,
+        run_plan=run_plan,
     )
-    files = artifact.build(suite.observations, record)
+    files = artifact.build(suite.observations, record, run_plan)
     artifact.write(output, files)
     summary = canonical.loads(files[schema.SUMMARY_FILE])
     print(
@@ -212,6 +251,43 @@ def _run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_OK if summary["verdict"] == "pass" else EXIT_FAIL
+
+
+def _run_plan(args: argparse.Namespace) -> plan.Plan:
+    if args.fixture is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--world-sizes", args.world_sizes),
+                ("--steps-before", args.steps_before),
+                ("--steps-after", args.steps_after),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(f"{', '.join(given)} go with --fixture MODULE:CALLABLE")
+        return plan.REGISTERED
+    sizes: tuple[int, ...] = plan.DEFAULT_WORLD_SIZES
+    if args.world_sizes is not None:
+        try:
+            sizes = tuple(int(w) for w in args.world_sizes.split(","))
+        except ValueError:
+            raise UsageError(
+                f"--world-sizes {args.world_sizes!r}: give comma-separated integers, e.g. 1,2"
+            ) from None
+    try:
+        return plan.fixture_plan(
+            args.fixture,
+            sizes,
+            plan.DEFAULT_STEPS_BEFORE if args.steps_before is None else args.steps_before,
+            plan.DEFAULT_STEPS_AFTER if args.steps_after is None else args.steps_after,
+        )
+    except plan.PlanError as exc:
+        raise UsageError(f"{exc}") from exc
+
+
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
 
 
 def _source_revision(given: str | None) -> str:

@@ -59,7 +59,7 @@ def outputs(directory: Path, report: Report | None) -> dict[str, str]:
     return {
         "verdict": "pass" if report is not None and report.passed else "fail",
         "passed": str(passed),
-        "failed": str(len(plan.SCENARIO_NAMES) - passed),
+        "failed": str(len(_names(report)) - passed),
         "manifest-sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()
         if manifest.is_file()
         else "",
@@ -80,7 +80,7 @@ def summary(directory: Path, report: Report | None) -> str:
         ]
         return "\n".join(lines) + "\n"
     lines += ["| scenario | verdict | reason |", "|---|---|---|"]
-    for name in plan.SCENARIO_NAMES:
+    for name in _names(report):
         result = report.results.get(name)
         if result is None:
             lines.append(
@@ -124,6 +124,10 @@ def write_outputs(path: Path, values: dict[str, str]) -> None:
 def append_summary(path: Path, markdown: str) -> None:
     with open(path, "a", encoding="utf-8", newline="\n") as f:
         f.write(markdown)
+
+
+def _names(report: Report | None) -> tuple[str, ...]:
+    return (report.run_plan if report is not None else plan.REGISTERED).names
 
 
 def _cell(text: str) -> str:

@@ -7,10 +7,11 @@ recorded beside the evidence and checked against what was observed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
-Family = Literal["training", "dtensor", "elastic", "rank_exit", "damaged"]
+Family = Literal["training", "dtensor", "elastic", "rank_exit", "damaged", "resume", "reshard"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 # DCP's on-disk names (torch/distributed/checkpoint/filesystem.py): FileSystemWriter.finish()
@@ -141,6 +142,141 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 SCENARIO_NAMES: tuple[str, ...] = tuple(s.name for s in SCENARIOS)
 BY_NAME: dict[str, Scenario] = {s.name: s for s in SCENARIOS}
+
+
+ELASTIC_SCENARIO = BY_NAME["elastic_restart_2_to_2"]
+
+# A fixture run: the user's own training loop at each world size, and between every two.
+DEFAULT_WORLD_SIZES = (1, 2)
+DEFAULT_STEPS_BEFORE = 3
+DEFAULT_STEPS_AFTER = 3
+MAX_WORLD_SIZE = 8
+MAX_STEPS = 1000
+_IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+FIXTURE_SPEC = re.compile(rf"{_IDENTIFIERS}:{_IDENTIFIERS}")
+PlanKind = Literal["registered", "fixture"]
+
+
+class PlanError(ValueError):
+    """A plan outside the grammar: the message names the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which scenarios run, on which fixture, with how many steps before and after the save."""
+
+    kind: PlanKind
+    fixture: str
+    world_sizes: tuple[int, ...]
+    steps_before: int
+    steps_after: int
+    scenarios: tuple[Scenario, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.scenarios)
+
+    def scenario(self, name: str) -> Scenario:
+        for scenario in self.scenarios:
+            if scenario.name == name:
+                return scenario
+        raise KeyError(name)
+
+    @property
+    def baseline_label(self) -> str:
+        return f"step-{self.steps_before}"
+
+    def to_record(self) -> dict[str, Any]:
+        """What provenance records of a fixture run; :func:`plan_from_record` reads it back."""
+        return {
+            "fixture": self.fixture,
+            "kind": self.kind,
+            "scenarios": list(self.names),
+            "steps_after": self.steps_after,
+            "steps_before": self.steps_before,
+            "world_sizes": list(self.world_sizes),
+        }
+
+
+REGISTERED = Plan("registered", REGISTERED_FIXTURE, (1, 2), STEPS_BEFORE_SAVE, 1, SCENARIOS)
+
+
+def fixture_plan(
+    fixture: str,
+    world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
+    steps_before: int = DEFAULT_STEPS_BEFORE,
+    steps_after: int = DEFAULT_STEPS_AFTER,
+) -> Plan:
+    """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar."""
+    if not isinstance(fixture, str) or not FIXTURE_SPEC.fullmatch(fixture):
+        raise PlanError(
+            f"fixture {fixture!r} is not MODULE:CALLABLE (e.g. my_trainer.checks:make_app)"
+        )
+    sizes = tuple(world_sizes)
+    if (
+        not sizes
+        or not all(_positive_int(w) and w <= MAX_WORLD_SIZE for w in sizes)
+        or len(set(sizes)) != len(sizes)
+    ):
+        raise PlanError(
+            f"world sizes {list(sizes)}: give distinct integers from 1 to {MAX_WORLD_SIZE}, "
+            "e.g. 1,2"
+        )
+    for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
+        if not _positive_int(steps) or steps > MAX_STEPS:
+            raise PlanError(f"{what}: {steps!r}, expected an integer from 1 to {MAX_STEPS}")
+    sizes = tuple(sorted(sizes))
+    n, k = steps_before, steps_after
+    scenarios = [
+        Scenario(
+            f"resume_{w}",
+            "resume",
+            w,
+            w,
+            f"{n}+{k} steps on {w} rank(s); fresh ranks load step {n} and match the last {k}",
+        )
+        for w in sizes
+    ]
+    scenarios += [
+        Scenario(
+            f"reshard_{a}_to_{b}",
+            "reshard",
+            a,
+            b,
+            f"saved at step {n} on {a} rank(s), loaded on {b}: every key bit-identical",
+        )
+        for a in sizes
+        for b in sizes
+        if a != b
+    ]
+    if 2 in sizes:
+        scenarios.append(ELASTIC_SCENARIO)
+    return Plan("fixture", fixture, sizes, n, k, tuple(scenarios))
+
+
+def plan_from_record(record: Any) -> Plan:
+    """Read a recorded fixture plan back, holding it to the grammar and its own scenario list."""
+    keys = {"fixture", "kind", "scenarios", "steps_after", "steps_before", "world_sizes"}
+    if not isinstance(record, dict) or set(record) != keys:
+        raise PlanError(f"plan: expected exactly the keys {sorted(keys)}")
+    if record["kind"] != "fixture":
+        raise PlanError(f"plan: kind {record['kind']!r}, expected 'fixture'")
+    sizes = record["world_sizes"]
+    if not isinstance(sizes, list) or sizes != sorted(sizes):
+        raise PlanError("plan: world_sizes must be a sorted list")
+    derived = fixture_plan(
+        record["fixture"], tuple(sizes), record["steps_before"], record["steps_after"]
+    )
+    if record["scenarios"] != list(derived.names):
+        raise PlanError(
+            f"plan: scenarios {record['scenarios']!r} are not the ones its parameters give, "
+            f"{list(derived.names)}"
+        )
+    return derived
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def expected_shard_rows(rows: int, world_size: int, rank: int) -> int:

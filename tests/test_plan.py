@@ -14,7 +14,8 @@ def test_driver_shape_and_rule_registries_cover_exactly_the_planned_families() -
     assert set(DRIVERS) == families
     assert set(observation.FAMILY_SHAPES) == families
     assert set(rules.FAMILY_RULES) == families
-    assert {s.family for s in plan.SCENARIOS} == families
+    fixture_families = {s.family for s in plan.fixture_plan("m:f", (1, 2)).scenarios}
+    assert {s.family for s in plan.SCENARIOS} | fixture_families == families
 
 
 def test_scenario_names_are_unique_and_world_sizes_positive() -> None:

@@ -16,12 +16,16 @@ from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import junit, manifest, rules, schema
 
 
-def build(observations: dict[str, dict[str, Any]], provenance: dict[str, Any]) -> dict[str, bytes]:
+def build(
+    observations: dict[str, dict[str, Any]],
+    provenance: dict[str, Any],
+    run_plan: plan.Plan = plan.REGISTERED,
+) -> dict[str, bytes]:
     """Every artifact file's bytes, keyed by relative path."""
-    if sorted(observations) != sorted(plan.SCENARIO_NAMES):
-        raise ValueError(f"expected observations for {list(plan.SCENARIO_NAMES)}")
-    results = {name: rules.result_record(name, obs) for name, obs in observations.items()}
-    files = derived(results)
+    if sorted(observations) != sorted(run_plan.names):
+        raise ValueError(f"expected observations for {list(run_plan.names)}")
+    results = {name: rules.result_record(name, obs, run_plan) for name, obs in observations.items()}
+    files = derived(results, run_plan)
     files[schema.PROVENANCE_FILE] = canonical.dumps(provenance)
     for name, obs in observations.items():
         files[schema.observation_file(name)] = canonical.dumps(obs)
@@ -29,11 +33,13 @@ def build(observations: dict[str, dict[str, Any]], provenance: dict[str, Any]) -
     return files
 
 
-def derived(results: dict[str, dict[str, Any]]) -> dict[str, bytes]:
+def derived(
+    results: dict[str, dict[str, Any]], run_plan: plan.Plan = plan.REGISTERED
+) -> dict[str, bytes]:
     """The files that follow from the result records alone."""
     files = {schema.result_file(name): canonical.dumps(r) for name, r in results.items()}
-    files[schema.SUMMARY_FILE] = canonical.dumps(rules.summary_record(results))
-    files[schema.JUNIT_FILE] = junit.render(results)
+    files[schema.SUMMARY_FILE] = canonical.dumps(rules.summary_record(results, run_plan))
+    files[schema.JUNIT_FILE] = junit.render(results, run_plan)
     return files
 
 
@@ -48,6 +54,9 @@ def write(directory: Path, files: dict[str, bytes]) -> None:
         for rel, data in sorted(files.items()):
             # Binary mode: LF line endings on every platform.
             (stage / rel).write_bytes(data)
+        if directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
+            # An empty directory the caller made (``mktemp -d`` in CI) is taken, not refused.
+            directory.rmdir()
         if directory.exists():
             raise FileExistsError(f"{directory} appeared while the suite ran; nothing was written")
         os.rename(stage, directory)

@@ -16,16 +16,16 @@ def _xml_text(text: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\x{{{ord(m.group()):x}}}", text)
 
 
-def render(results: dict[str, dict[str, Any]]) -> bytes:
-    failures = sum(results[n]["verdict"] == "fail" for n in plan.SCENARIO_NAMES)
-    total = len(plan.SCENARIO_NAMES)
+def render(results: dict[str, dict[str, Any]], run_plan: plan.Plan = plan.REGISTERED) -> bytes:
+    failures = sum(results[n]["verdict"] == "fail" for n in run_plan.names)
+    total = len(run_plan.names)
     counts = f'tests="{total}" failures="{failures}" errors="0" skipped="0"'
     lines = [
         '<?xml version="1.0" encoding="UTF-8"?>',
         f'<testsuites name="dcp-invariant" {counts}>',
         f'  <testsuite name="dcp-invariant" {counts}>',
     ]
-    for name in plan.SCENARIO_NAMES:
+    for name in run_plan.names:
         reasons = [_xml_text(r) for r in results[name]["reasons"]]
         head = f'    <testcase classname="dcp_invariant" name={quoteattr(name)}'
         if not reasons:

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from dcp_invariant import canonical, plan
-from dcp_invariant.evidence import schema
+from dcp_invariant.evidence import diagnosis, schema
 from dcp_invariant.evidence.checks import (
     Check,
     boolean,
@@ -115,14 +115,64 @@ attestation = record(
 )
 
 _common: dict[str, Check] = {
-    "schema_version": one_of(schema.SCHEMA_VERSION),
+    "schema_version": one_of(schema.SCHEMA_VERSION, schema.FIXTURE_SCHEMA_VERSION),
     "scenario": string,
     "source_world_size": integer(1),
     "target_world_size": integer(1),
     "errors": list_of(string),
 }
 
+# A fixture run's per-key records: {"app.model.weight": "float32[4,2] <sha256>", ...}.
+_KEY_PATH = re.compile(r"[^\x00-\x1f]{1,1024}")
+_MAX_KEYS = 20_000
+
+
+def key_records(value: Any, where: str) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{where}: expected an object of per-key records, got {type_name(value)}"]
+    if len(value) > _MAX_KEYS:
+        return [f"{where}: more than {_MAX_KEYS} keys"]
+    problems = []
+    for key, entry in value.items():
+        if not _KEY_PATH.fullmatch(key):
+            problems.append(f"{where}: invalid key path {key!r}")
+        elif not isinstance(entry, str) or not diagnosis.KEY_ENTRY.fullmatch(entry):
+            problems.append(f"{where}.{key}: expected '<type> <64-hex digest>', got {entry!r}")
+    return problems
+
+
+_steps = list_of(record(keys=key_records, loss=float_hex), plan.MAX_STEPS)
+fixture_train_rank = record(
+    rank=integer(0),
+    losses_before=list_of(float_hex, plan.MAX_STEPS),
+    saved=optional(key_records),
+    steps=_steps,
+)
+fixture_resume_rank = record(
+    **_load_fields,
+    loaded=optional(key_records),
+    steps=_steps,
+    diffs=list_of(
+        record(key=string, max_abs_diff=optional(float_hex), phase=string),
+        32 * (plan.MAX_STEPS + 1),
+    ),
+)
+_fixture_common: dict[str, Check] = {
+    **_common,
+    "fixture": string,
+    "steps_before_save": integer(1),
+    "steps_after": integer(1),
+    "commit": optional(commit),
+    "target": optional(group(fixture_resume_rank)),
+}
+
 FAMILY_SHAPES: dict[str, Check] = {
+    "resume": record(
+        **_fixture_common,
+        reference=optional(group(fixture_train_rank)),
+        repeat=optional(group(fixture_train_rank)),
+    ),
+    "reshard": record(**_fixture_common, source=group(fixture_train_rank)),
     "training": record(
         **_common,
         fixture=string,
@@ -188,17 +238,27 @@ FAMILY_SHAPES: dict[str, Check] = {
 }
 
 
-def validate(name: str, observation: Any) -> list[str]:
+def validate(name: str, observation: Any, run_plan: plan.Plan = plan.REGISTERED) -> list[str]:
     """Every way ``observation`` departs from the shape of scenario ``name``; empty when valid."""
-    scenario = plan.BY_NAME[name]
+    scenario = run_plan.scenario(name)
     problems = FAMILY_SHAPES[scenario.family](observation, name)
     if problems:
         return problems
-    for key, expected in (
+    planned: list[tuple[str, Any]] = [
         ("scenario", scenario.name),
+        ("schema_version", schema.version_for(run_plan)),
         ("source_world_size", scenario.source_world_size),
         ("target_world_size", scenario.target_world_size),
+    ]
+    # The registered suite's damage and dtensor records carry no fixture or step counts.
+    for key, value in (
+        ("fixture", run_plan.fixture),
+        ("steps_before_save", run_plan.steps_before),
+        ("steps_after", run_plan.steps_after),
     ):
+        if key in observation:
+            planned.append((key, value))
+    for key, expected in planned:
         if observation[key] != expected:
             problems.append(f"{name}.{key}: expected {expected!r}, got {observation[key]!r}")
     return problems

@@ -11,36 +11,38 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant import plan, runtimes
-from dcp_invariant.evidence import schema
+from dcp_invariant.evidence import diagnosis, schema
 
 Obs = dict[str, Any]
 
 
-def derive(name: str, obs: Obs) -> list[str]:
-    scenario = plan.BY_NAME[name]
+def derive(name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED) -> list[str]:
+    scenario = run_plan.scenario(name)
     reasons = [f"error: {e}" for e in obs["errors"]]
     reasons += FAMILY_RULES[scenario.family](scenario, obs)
     return reasons
 
 
-def result_record(name: str, obs: Obs) -> dict[str, Any]:
-    reasons = derive(name, obs)
+def result_record(name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED) -> dict[str, Any]:
+    reasons = derive(name, obs, run_plan)
     return {
         "reasons": reasons,
         "scenario": name,
-        "schema_version": schema.SCHEMA_VERSION,
+        "schema_version": schema.version_for(run_plan),
         "verdict": "fail" if reasons else "pass",
     }
 
 
-def summary_record(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    verdicts = [{"scenario": n, "verdict": results[n]["verdict"]} for n in plan.SCENARIO_NAMES]
+def summary_record(
+    results: dict[str, dict[str, Any]], run_plan: plan.Plan = plan.REGISTERED
+) -> dict[str, Any]:
+    verdicts = [{"scenario": n, "verdict": results[n]["verdict"]} for n in run_plan.names]
     failed = sum(v["verdict"] == "fail" for v in verdicts)
     return {
         "failed": failed,
         "passed": len(verdicts) - failed,
         "scenarios": verdicts,
-        "schema_version": schema.SCHEMA_VERSION,
+        "schema_version": schema.version_for(run_plan),
         "total": len(verdicts),
         "verdict": "fail" if failed else "pass",
     }
@@ -217,12 +219,136 @@ def _damaged(scenario: plan.Scenario, obs: Obs) -> list[str]:
     return reasons
 
 
+def _fixture_arm(
+    group: Obs, world_size: int, steps_before: int, steps_after: int, where: str
+) -> list[str]:
+    """An arm that trained N steps, saved, and took K more, complete on every rank."""
+    reasons = _group(group, world_size, where)
+    for rank in group["ranks"]:
+        if (
+            len(rank["losses_before"]) != steps_before
+            or rank["saved"] is None
+            or len(rank["steps"]) != steps_after
+        ):
+            reasons.append(
+                f"{where} rank {rank['rank']}: did not take {steps_before} steps, save, "
+                f"and take {steps_after} more"
+            )
+    return reasons
+
+
+def _saved_by_rank(group: Obs) -> dict[int, dict[str, str]]:
+    return {r["rank"]: r["saved"] for r in group["ranks"] if r["saved"] is not None}
+
+
+def _resume(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    n, k, w = obs["steps_before_save"], obs["steps_after"], scenario.source_world_size
+    reasons: list[str] = []
+    for arm in ("reference", "repeat"):
+        if obs[arm] is None:
+            return [*reasons, f"{arm}: did not run"]
+        reasons += _fixture_arm(obs[arm], w, n, k, f"uninterrupted run ({arm})")
+    if reasons:
+        return reasons
+    reference = {r["rank"]: r for r in obs["reference"]["ranks"]}
+    for rank in obs["repeat"]["ranks"]:
+        reasons += diagnosis.nondeterminism(f"rank {rank['rank']}", reference[rank["rank"]], rank)
+    if reasons:
+        return reasons  # nothing else can be judged on a fixture that does not repeat itself
+    commit = obs["commit"]
+    if commit is None:
+        return ["commit: did not run"]
+    reasons += _promoted(commit, "commit")
+    target = obs["target"]
+    if target is None:
+        return [*reasons, "target: did not run"]
+    reasons += _group(target, scenario.target_world_size, "resumed group")
+    saved = _saved_by_rank(obs["reference"])
+    cause_1: list[str] = []
+    hints: list[str] = []
+    loaded_ranks = []
+    for rank in target["ranks"]:
+        where = f"rank {rank['rank']}"
+        reasons += _loaded_through_pointer(rank, commit, f"resumed {where}")
+        if rank["loaded"] is None:
+            reasons.append(f"resumed {where}: did not load")
+            continue
+        loaded_ranks.append(rank)
+        mine = saved.get(rank["rank"], {})
+        others = {r: s for r, s in saved.items() if r != rank["rank"]}
+        cause_1 += diagnosis.round_trip(where, mine, rank["loaded"], others, rank["diffs"])
+        hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
+    # Ranks step together: one rank's bad load moves every rank's next step.
+    cause_2: list[str] = []
+    for rank in loaded_ranks:
+        if rank["rank"] not in reference:
+            continue  # already reported: the resumed group's ranks are not the planned ones
+        cause_2 += diagnosis.step_divergence(
+            f"rank {rank['rank']}",
+            reference[rank["rank"]]["steps"],
+            rank["steps"],
+            rank["diffs"],
+            n,
+            not cause_1,
+        )
+    return reasons + cause_1 + hints + cause_2
+
+
+def _reshard(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    n, a, b = obs["steps_before_save"], scenario.source_world_size, scenario.target_world_size
+    reasons = _fixture_arm(obs["source"], a, n, 0, "source")
+    if reasons:
+        return reasons
+    commit = obs["commit"]
+    if commit is None:
+        return ["commit: did not run"]
+    reasons += _promoted(commit, "commit")
+    target = obs["target"]
+    if target is None:
+        return [*reasons, "target: did not run"]
+    reasons += _group(target, b, "resharded group")
+    saved = _saved_by_rank(obs["source"])
+    hints: list[str] = []
+    for rank in target["ranks"]:
+        where = f"rank {rank['rank']} at world size {b}"
+        reasons += _loaded_through_pointer(rank, commit, where)
+        if rank["loaded"] is None:
+            reasons.append(f"{where}: did not load")
+            continue
+        # A rank beyond the source's takes the place of rank r mod a: replicated values agree.
+        source_rank = rank["rank"] % a
+        expected = saved.get(source_rank, {})
+        others = {r: s for r, s in saved.items() if r != source_rank}
+        reasons += diagnosis.round_trip(
+            f"{where} (saved by rank {source_rank} at {a})",
+            expected,
+            rank["loaded"],
+            others,
+            rank["diffs"],
+        )
+        hints += [h for h in diagnosis.round_trip_hints(expected, rank["loaded"]) if h not in hints]
+        if len(rank["steps"]) != obs["steps_after"]:
+            reasons.append(
+                f"{where}: took {len(rank['steps'])} steps, the plan has {obs['steps_after']}"
+            )
+    for index in range(obs["steps_after"]):
+        losses = [r["steps"][index]["loss"] for r in target["ranks"] if len(r["steps"]) > index]
+        if len(set(losses)) > 1:
+            reasons.append(
+                f"resharded group: ranks disagree on the loss of step {n + index + 1}: "
+                + ", ".join(diagnosis.number(x) for x in losses)
+            )
+    return reasons + hints
+
+
 FAMILY_RULES = {
     "training": _training,
     "dtensor": _dtensor,
     "elastic": _elastic,
     "rank_exit": _rank_exit,
     "damaged": _damaged,
+    "resume": _resume,
+    "reshard": _reshard,
 }
 
 

@@ -6,10 +6,15 @@ The artifact holds one observation and one result per scenario of the plan
 
 from __future__ import annotations
 
-from dcp_invariant.plan import SCENARIO_NAMES
+from collections.abc import Sequence
 
-SCHEMA_VERSION = 2
+from dcp_invariant.plan import SCENARIO_NAMES, Plan
+
+SCHEMA_VERSION = 2  # the registered suite's artifact
+FIXTURE_SCHEMA_VERSION = 3  # a fixture run's: per-key state records, the plan in provenance
 MAX_FILE_BYTES = 1 << 20  # observations are a few KiB; anything near this is not ours
+# A fixture run records every key of the user's state at every phase: bounded, but larger.
+MAX_FIXTURE_FILE_BYTES = 32 << 20
 
 PROVENANCE_FILE = "provenance.json"
 SUMMARY_FILE = "summary.json"
@@ -25,11 +30,24 @@ def result_file(name: str) -> str:
     return f"results/{name}.json"
 
 
-ARTIFACT_FILES: tuple[str, ...] = tuple(
-    sorted(
-        [PROVENANCE_FILE, SUMMARY_FILE, JUNIT_FILE, MANIFEST_FILE]
-        + [observation_file(n) for n in SCENARIO_NAMES]
-        + [result_file(n) for n in SCENARIO_NAMES]
+def artifact_files(names: Sequence[str]) -> tuple[str, ...]:
+    """Every file of an artifact whose plan has scenarios ``names``."""
+    return tuple(
+        sorted(
+            [PROVENANCE_FILE, SUMMARY_FILE, JUNIT_FILE, MANIFEST_FILE]
+            + [observation_file(n) for n in names]
+            + [result_file(n) for n in names]
+        )
     )
-)
+
+
+def version_for(the_plan: Plan) -> int:
+    return SCHEMA_VERSION if the_plan.kind == "registered" else FIXTURE_SCHEMA_VERSION
+
+
+def max_file_bytes(the_plan: Plan) -> int:
+    return MAX_FILE_BYTES if the_plan.kind == "registered" else MAX_FIXTURE_FILE_BYTES
+
+
+ARTIFACT_FILES: tuple[str, ...] = artifact_files(SCENARIO_NAMES)
 ARTIFACT_DIRS: tuple[str, ...] = ("observations", "results")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +17,20 @@ from typing import Any
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import artifact, manifest, observation, provenance, rules, schema
 
-_MAX_ENTRIES = 4 * len(schema.ARTIFACT_FILES)
+# Eight world sizes give the largest plan: 8 resumes, 56 reshards and the torchrun restart.
+_LAYOUT = re.compile(
+    r"provenance\.json|summary\.json|junit\.xml|manifest\.sha256|(observations|results)/[a-z0-9_]{1,64}\.json"
+)
+_MAX_BYTES = max(schema.MAX_FILE_BYTES, schema.MAX_FIXTURE_FILE_BYTES)
+_MAX_ENTRIES = 4 * len(schema.artifact_files(["x"] * (8 + 56 + 1)))
 
 
 @dataclass
 class Report:
     problems: list[str] = field(default_factory=list)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The registered suite's plan, or the fixture plan its provenance records.
+    run_plan: plan.Plan = plan.REGISTERED
 
     @property
     def valid(self) -> bool:
@@ -32,7 +40,7 @@ class Report:
     def passed(self) -> bool:
         return (
             self.valid
-            and len(self.results) == len(plan.SCENARIO_NAMES)
+            and len(self.results) == len(self.run_plan.names)
             and all(r["verdict"] == "pass" for r in self.results.values())
         )
 
@@ -42,21 +50,24 @@ def verify_artifact(directory: Path) -> Report:
     files = _read_files(Path(directory), report.problems)
     if files is None:
         return report
-    _check_manifest(files, report.problems)
-    _check_provenance(files.get(schema.PROVENANCE_FILE), report.problems)
-    for name in plan.SCENARIO_NAMES:
+    report.run_plan = run_plan = _check_provenance(
+        files.get(schema.PROVENANCE_FILE), report.problems
+    )
+    _check_layout(files, run_plan, report.problems)
+    _check_manifest(files, run_plan, report.problems)
+    for name in run_plan.names:
         obs = _load(files, schema.observation_file(name), report.problems)
         if obs is None:
             continue
-        shape_problems = observation.validate(name, obs)
+        shape_problems = observation.validate(name, obs, run_plan)
         if shape_problems:
             report.problems += [f"{schema.observation_file(name)}: {p}" for p in shape_problems]
             continue
-        report.results[name] = rules.result_record(name, obs)
+        report.results[name] = rules.result_record(name, obs, run_plan)
     # Results, then (when every scenario could be derived) summary and JUnit: all re-derived.
     expected = {schema.result_file(n): canonical.dumps(r) for n, r in report.results.items()}
-    if len(report.results) == len(plan.SCENARIO_NAMES):
-        expected.update(artifact.derived(report.results))
+    if len(report.results) == len(run_plan.names):
+        expected.update(artifact.derived(report.results, run_plan))
     for rel, data in expected.items():
         if rel in files and files[rel] != data:
             report.problems.append(f"{rel}: differs from what its observations derive")
@@ -89,27 +100,38 @@ def _read_files(root: Path, problems: list[str]) -> dict[str, bytes] | None:
         if not stat.S_ISREG(st.st_mode):
             problems.append(f"{rel}: not a regular file (symlinks and special files are refused)")
             continue
-        if rel not in schema.ARTIFACT_FILES:
+        if not _LAYOUT.fullmatch(rel):
             problems.append(f"{rel}: unexpected file")
             continue
-        if st.st_size > schema.MAX_FILE_BYTES:
-            problems.append(
-                f"{rel}: {st.st_size} bytes, over the {schema.MAX_FILE_BYTES}-byte bound"
-            )
+        if st.st_size > _MAX_BYTES:
+            problems.append(f"{rel}: {st.st_size} bytes, over the {_MAX_BYTES}-byte bound")
             continue
         try:
             with open(root / rel, "rb") as f:
-                data = f.read(schema.MAX_FILE_BYTES + 1)
+                data = f.read(_MAX_BYTES + 1)
         except OSError as exc:
             problems.append(f"{rel}: cannot be read ({exc.strerror})")
             continue
-        if len(data) > schema.MAX_FILE_BYTES:
-            problems.append(f"{rel}: grew past the {schema.MAX_FILE_BYTES}-byte bound while read")
+        if len(data) > _MAX_BYTES:
+            problems.append(f"{rel}: grew past the {_MAX_BYTES}-byte bound while read")
             continue
         files[rel] = data
-    seen = {name for name, _ in entries}
-    problems += [f"{rel}: missing" for rel in schema.ARTIFACT_FILES if rel not in seen]
     return files
+
+
+def _check_layout(files: dict[str, bytes], run_plan: plan.Plan, problems: list[str]) -> None:
+    """Exactly the plan's files, each within the plan's size bound; extra ones are dropped."""
+    wanted = schema.artifact_files(run_plan.names)
+    bound = schema.max_file_bytes(run_plan)
+    for rel in sorted(set(files) - set(wanted)):
+        problems.append(f"{rel}: unexpected file")
+        del files[rel]
+    for rel in wanted:
+        if rel not in files:
+            problems.append(f"{rel}: missing")
+        elif len(files[rel]) > bound:
+            problems.append(f"{rel}: {len(files[rel])} bytes, over the {bound}-byte bound")
+            del files[rel]
 
 
 class _TooMany(Exception):
@@ -140,7 +162,7 @@ def _load(files: dict[str, bytes], rel: str, problems: list[str]) -> Any:
         return None
 
 
-def _check_manifest(files: dict[str, bytes], problems: list[str]) -> None:
+def _check_manifest(files: dict[str, bytes], run_plan: plan.Plan, problems: list[str]) -> None:
     raw = files.get(schema.MANIFEST_FILE)
     if raw is None:
         return
@@ -149,7 +171,8 @@ def _check_manifest(files: dict[str, bytes], problems: list[str]) -> None:
     except manifest.ManifestError as exc:
         problems.append(str(exc))
         return
-    covered = [rel for rel in schema.ARTIFACT_FILES if rel != schema.MANIFEST_FILE]
+    wanted = schema.artifact_files(run_plan.names)
+    covered = [rel for rel in wanted if rel != schema.MANIFEST_FILE]
     for rel in sorted(set(listed) - set(covered)):
         problems.append(f"manifest.sha256: lists {rel}, which is not an artifact file")
     for rel in covered:
@@ -159,18 +182,26 @@ def _check_manifest(files: dict[str, bytes], problems: list[str]) -> None:
             problems.append(f"manifest.sha256: digest mismatch for {rel}")
 
 
-def _check_provenance(raw: bytes | None, problems: list[str]) -> None:
+def _check_provenance(raw: bytes | None, problems: list[str]) -> plan.Plan:
+    """Problems of provenance.json, and the plan it records (the registered one if none)."""
     if raw is None:
-        return
+        return plan.REGISTERED
     try:
         record = canonical.loads(raw, what=schema.PROVENANCE_FILE)
     except canonical.CanonicalJSONError as exc:
         problems.append(str(exc))
-        return
-    if isinstance(record, dict) and record.get("schema_version") != schema.SCHEMA_VERSION:
+        return plan.REGISTERED
+    versions = (schema.SCHEMA_VERSION, schema.FIXTURE_SCHEMA_VERSION)
+    if not isinstance(record, dict) or record.get("schema_version") not in versions:
+        version = record.get("schema_version") if isinstance(record, dict) else None
         problems.append(
-            f"{schema.PROVENANCE_FILE}: unknown schema version {record.get('schema_version')!r}; "
-            f"this verifier reads version {schema.SCHEMA_VERSION}"
+            f"{schema.PROVENANCE_FILE}: unknown schema version {version!r}; "
+            f"this verifier reads versions {list(versions)}"
         )
-        return
-    problems += provenance.SHAPE(record, schema.PROVENANCE_FILE)
+        return plan.REGISTERED
+    problems += provenance.shape_problems(record)
+    try:
+        return provenance.recorded_plan(record)
+    except plan.PlanError as exc:
+        problems.append(f"{schema.PROVENANCE_FILE}: {exc}")
+        return plan.REGISTERED

@@ -64,6 +64,6 @@ def _feed(h: Any, value: Any) -> None:
         h.update(f"bytes:{len(value)}:".encode() + value)
     else:
         raise TypeError(
-            f"cannot digest a {type(value).__name__} in a state dict; use tensors, numbers, "
+            f"a {type(value).__name__}, which DCP cannot be checked on: use tensors, numbers, "
             "strings, bytes, lists or dicts"
         )

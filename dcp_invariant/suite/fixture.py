@@ -8,7 +8,8 @@ digested and compared on its own, so a failed resume names the component that di
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -55,9 +56,37 @@ def load_fixture(spec: str) -> Fixture:
 
 def build_app(spec: str, rank: int, world_size: int) -> App:
     app = load_fixture(spec)(rank, world_size)
-    if not isinstance(app, App):
+    missing = [
+        m for m in ("state_dict", "load_state_dict", "step") if not callable(getattr(app, m, None))
+    ]
+    if missing:
         raise FixtureError(
             f"fixture {spec!r} returned a {type(app).__name__}, which lacks "
-            "state_dict(), load_state_dict(sd) or step()"
+            + ", ".join(f"{m}()" for m in missing)
+            + ": the app needs state_dict(), load_state_dict(sd) and step() -> float"
         )
+    assert isinstance(app, App)
     return app
+
+
+def checked_state(spec: str, state: Any) -> Mapping[str, Any]:
+    """What ``state_dict()`` returned, if DCP can save it."""
+    if not isinstance(state, Mapping):
+        raise FixtureError(
+            f"fixture {spec!r}: state_dict() returned a {type(state).__name__}, not a mapping "
+            "(DCP saves a dict of tensors and values)"
+        )
+    return state
+
+
+def checked_loss(spec: str, loss: Any) -> float:
+    """``step()``'s loss as a float; a tensor of one element is accepted as torch's own losses are."""
+    try:
+        value = float(loss)
+    except (TypeError, ValueError, RuntimeError):
+        raise FixtureError(
+            f"fixture {spec!r}: step() returned a {type(loss).__name__}, expected a float loss"
+        ) from None
+    if isinstance(loss, bool) or not math.isfinite(value):
+        raise FixtureError(f"fixture {spec!r}: step() returned {loss!r}, expected a finite float")
+    return value

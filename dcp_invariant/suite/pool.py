@@ -24,6 +24,7 @@ from dcp_invariant.suite import worker
 # missing from another torch release is skipped by the fork server.
 PRELOAD = [
     "dcp_invariant.suite.scenarios.tasks",
+    "dcp_invariant.suite.scenarios.fixture_tasks",
     "dcp_invariant.suite.registered_fixture",
     "numpy.random",
     "torch._dynamo",

@@ -66,16 +66,23 @@ def installed_torch() -> str | None:
 
 def run_suite(
     *,
-    names: Sequence[str] = plan.SCENARIO_NAMES,
-    fixture: str = plan.REGISTERED_FIXTURE,
+    run_plan: plan.Plan = plan.REGISTERED,
+    names: Sequence[str] | None = None,
+    fixture: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_finish: Callable[[Finished], None] | None = None,
 ) -> SuiteRun:
-    """Run ``names`` and return their observations; raises UnsupportedRuntime before any work."""
+    """Run the plan's scenarios (or ``names`` of them) and return their observations.
+
+    ``fixture`` replaces the plan's fixture (the live tests run registered scenarios on broken
+    variants). Raises UnsupportedRuntime, WorkerStartError or FixtureProblem before any scenario.
+    """
     distribution = installed_torch()
     runtimes.require(distribution)
     assert distribution is not None
-    order = sorted(names, key=lambda n: plan.BY_NAME[n].family != "elastic")
+    names = run_plan.names if names is None else names
+    fixture = run_plan.fixture if fixture is None else fixture
+    order = sorted(names, key=lambda n: run_plan.scenario(n).family != "elastic")
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
     pool = WorkerPool(timeout)
@@ -85,16 +92,18 @@ def run_suite(
             pool.start(workspace / "server")
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
+            if run_plan.kind == "fixture":
+                _probe_fixture(pool, workspace / "fixture-probe", fixture)
 
             def one(name: str) -> None:
                 started = time.monotonic()
-                scenario = plan.BY_NAME[name]
+                scenario = run_plan.scenario(name)
                 workdir = workspace / name
                 workdir.mkdir()
-                ctx = ScenarioContext(scenario, pool, workdir, fixture)
+                ctx = ScenarioContext(scenario, pool, workdir, fixture, run_plan)
                 obs = DRIVERS[scenario.family](ctx)
                 elapsed = time.monotonic() - started
-                reasons = rules.derive(name, obs)
+                reasons = rules.derive(name, obs, run_plan)
                 tails = [o.log_tail() for _, o in ctx.outcomes]
                 logs = "" if not reasons else "\n".join([*ctx.notes, *tails])
                 with lock:
@@ -117,6 +126,37 @@ def run_suite(
         torch_runtime=versions["torch"],
         numpy=versions["numpy"],
     )
+
+
+class FixtureProblem(ValueError):
+    """The fixture does not follow the interface (bad input); the message says what to change."""
+
+
+class FixtureTimeout(RuntimeError):
+    """The fixture's first step did not finish in time: a failure, not bad input."""
+
+
+def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str) -> None:
+    """Build the fixture once at world size 1 and take one step, before any scenario runs.
+
+    Interface problems are bad input. A fixture whose own code raises is not: the scenarios run
+    and fail, showing its traceback. One that hangs here would hang in every scenario.
+    """
+    workdir.mkdir()
+    outcome = pool.run_group(
+        "dcp_invariant.suite.scenarios.fixture_tasks:fixture_probe",
+        1,
+        workdir,
+        "probe",
+        {"fixture": fixture},
+    )
+    if outcome.timed_out:
+        raise FixtureTimeout(
+            f"fixture {fixture!r}: timeout: building it and taking one step took more than "
+            f"{pool.timeout:g} s (raise --timeout if that is expected)"
+        )
+    if outcome.results and outcome.results[0]["problem"] is not None:
+        raise FixtureProblem(outcome.results[0]["problem"])
 
 
 def _probe(pool: WorkerPool, workdir: Path) -> dict[str, str]:

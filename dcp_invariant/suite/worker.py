@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -85,6 +86,10 @@ def run(
     )
     try:
         fn(rank, world_size, payload, report)
+    except Exception as exc:
+        # The user wants their fixture's frames, not this tool's: print those, exit 1.
+        _print_traceback(exc)
+        sys.exit(1)
     finally:
         dist.destroy_process_group()
 
@@ -101,6 +106,19 @@ def forked(
     """Target of a forked or spawned worker: move into the workspace, then :func:`run`."""
     os.chdir(workdir)
     run(task, rank, world_size, group, payload, timeout)
+
+
+def _print_traceback(exc: BaseException) -> None:
+    frames = traceback.extract_tb(exc.__traceback__)
+    package = str(Path(__file__).resolve().parent.parent)
+    theirs = [f for f in frames if not str(Path(f.filename).resolve()).startswith(package)]
+    if theirs:
+        print("Traceback (most recent call last; dcp-invariant's own frames left out):")
+        print("".join(traceback.format_list(theirs)), end="")
+        print("".join(traceback.format_exception_only(exc)), end="", flush=True)
+    else:
+        traceback.print_exception(exc, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def reporter(path: str) -> Report:

@@ -1,11 +1,19 @@
-"""The eleven scenario drivers, by family. Drivers import no torch; workers do."""
+"""The scenario drivers, by family. Drivers import no torch; workers do."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from dcp_invariant.suite.scenarios import damaged, dtensor, elastic, rank_exit, training
+from dcp_invariant.suite.scenarios import (
+    damaged,
+    dtensor,
+    elastic,
+    rank_exit,
+    reshard,
+    resume,
+    training,
+)
 from dcp_invariant.suite.scenarios.common import ScenarioContext
 
 Driver = Callable[[ScenarioContext], dict[str, Any]]
@@ -16,4 +24,6 @@ DRIVERS: dict[str, Driver] = {
     "elastic": elastic.run,
     "rank_exit": rank_exit.run,
     "damaged": damaged.run,
+    "resume": resume.run,
+    "reshard": reshard.run,
 }

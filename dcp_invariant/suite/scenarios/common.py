@@ -21,14 +21,16 @@ from dcp_invariant.commit import CheckpointStore, CommitError, PromotionRefused,
 from dcp_invariant.evidence import schema
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
 
-TASKS = "dcp_invariant.suite.scenarios.tasks"
-LOAD_TASKS = ("load_and_step", "dtensor_load")
+PACKAGE = "dcp_invariant.suite.scenarios"
+TASKS = f"{PACKAGE}.tasks"
+LOAD_TASKS = ("load_and_step", "dtensor_load", "fixture_tasks:fixture_resume")
 STORE_ROOT = "ckpt"  # relative to the workspace: checkpoint ids never carry an absolute path
 # The baseline is promoted; the candidate, one step later, is what the scenario acts on.
 BASELINE_THEN_CANDIDATE = [
     (plan.BASELINE_LABEL, plan.STEPS_BEFORE_SAVE),
     (plan.CANDIDATE_LABEL, plan.STEPS_BEFORE_SAVE + 1),
 ]
+EMPTY_GROUP: dict[str, Any] = {"exit_codes": [], "timed_out": False, "ranks": []}
 # Failures of the protocol or of what workers left on disk: the scenario records them and fails,
 # the rest of the suite goes on. Anything else is a bug in this package and stops the run.
 DRIVER_ERRORS = (CommitError, CanonicalJSONError, OSError, KeyError)
@@ -61,6 +63,7 @@ class ScenarioContext:
     pool: WorkerPool
     workdir: Path
     fixture: str
+    run_plan: plan.Plan = plan.REGISTERED
     intern: Interner = field(default_factory=Interner)
     outcomes: list[tuple[str, GroupOutcome]] = field(default_factory=list)
     tasks_run: list[str] = field(default_factory=list)
@@ -72,8 +75,10 @@ class ScenarioContext:
         return CheckpointStore(self.workdir / STORE_ROOT)
 
     def group(self, name: str, task: str, world_size: int, payload: dict[str, Any]) -> GroupOutcome:
+        """Run ``task`` (``name`` in tasks.py, or ``module:name`` beside it) on a fresh group."""
         self.tasks_run.append(task)
-        outcome = self.pool.run_group(f"{TASKS}:{task}", world_size, self.workdir, name, payload)
+        ref = f"{PACKAGE}.{task}" if ":" in task else f"{TASKS}:{task}"
+        outcome = self.pool.run_group(ref, world_size, self.workdir, name, payload)
         self.outcomes.append((name, outcome))
         return outcome
 
@@ -86,10 +91,10 @@ class ScenarioContext:
         return {
             "errors": [],
             "scenario": sc.name,
-            "schema_version": schema.SCHEMA_VERSION,
+            "schema_version": schema.version_for(self.run_plan),
             "source_world_size": sc.source_world_size,
             "target_world_size": sc.target_world_size,
-            "source": {"exit_codes": [], "timed_out": False, "ranks": []},
+            "source": EMPTY_GROUP,
             **fields,
         }
 
@@ -138,10 +143,10 @@ class ScenarioContext:
 
     def commit_baseline(self, obs: dict[str, Any]) -> bool:
         """Train, save the baseline with the uninterrupted next step as reference, commit it."""
-        baseline = [(plan.BASELINE_LABEL, plan.STEPS_BEFORE_SAVE)]
-        if not self.train(obs, baseline, reference_step=True).ok:
+        label = self.run_plan.baseline_label
+        if not self.train(obs, [(label, self.run_plan.steps_before)], reference_step=True).ok:
             return False
-        obs["commit"] = self.commit(plan.BASELINE_LABEL)
+        obs["commit"] = self.commit(label)
         return bool(obs["commit"]["promoted"])
 
     def commit(self, label: str, damage: Any = None) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     sc = ctx.scenario
     obs = ctx.begin(
         fixture=ctx.fixture,
-        steps_before_save=plan.STEPS_BEFORE_SAVE,
+        steps_before_save=ctx.run_plan.steps_before,
         commit=None,
         launcher=None,
         failure_marker=None,

@@ -1,0 +1,190 @@
+"""Diagnoses of a user's fixture run: which keys, which step, and the likely cause, ranked.
+
+Works on per-key records ``{path: "<dtype>[<shape>] <sha256>"}`` alone, so the verifier derives
+the same sentences without torch. The causes, in the order they are reported:
+
+1. state that did not round-trip through DCP (loaded != saved);
+2. loaded == saved, but a resumed step differs: state that lives outside ``state_dict()``;
+3. the fixture does not repeat itself: two uninterrupted runs differ, so nothing is blamed.
+
+The max absolute differences come from the workers (they need the values); the verifier checks
+that they name only keys whose digests differ, and treats the numbers as free.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Keys = Mapping[str, str]
+
+KEY_ENTRY = re.compile(r"(\S{1,80}) ([0-9a-f]{64})")
+MAX_KEYS_NAMED = 8
+CAUSE_1 = "did not round-trip through DCP"
+CAUSE_2 = "state outside state_dict()"
+CAUSE_3 = "non-deterministic fixture"
+SUSPECTS = (
+    "check what steers the next step and is not saved: generators and the global RNG, the "
+    "data position and shuffle order, the LR scheduler, step and accumulation counters"
+)
+
+
+def kind(entry: str) -> str:
+    """``float32[4,2]`` of ``"float32[4,2] <digest>"``."""
+    return entry.split(" ", 1)[0]
+
+
+def number(hex_float: str) -> str:
+    """A recorded ``float.hex()`` as decimal and as hex."""
+    try:
+        return f"{float.fromhex(hex_float)!r} ({hex_float})"
+    except ValueError:
+        return hex_float
+
+
+def _magnitude(diffs: Sequence[Mapping[str, Any]], phase: str, key: str) -> str:
+    for diff in diffs:
+        if diff["phase"] == phase and diff["key"] == key and diff["max_abs_diff"] is not None:
+            try:
+                return f" (max abs diff {float.fromhex(diff['max_abs_diff'])!r})"
+            except ValueError:
+                return f" (max abs diff {diff['max_abs_diff']})"
+    return ""
+
+
+def differing_keys(expected: Keys, got: Keys) -> list[str]:
+    return sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+
+
+def _named(keys: list[str]) -> str:
+    shown = ", ".join(keys[:MAX_KEYS_NAMED])
+    return shown + (f" (+{len(keys) - MAX_KEYS_NAMED} more)" if len(keys) > MAX_KEYS_NAMED else "")
+
+
+def round_trip(
+    where: str,
+    saved: Keys,
+    loaded: Keys,
+    saved_elsewhere: Mapping[int, Keys],
+    diffs: Sequence[Mapping[str, Any]],
+) -> list[str]:
+    """Cause 1 for one rank: every key whose loaded record differs from the saved one."""
+    reasons: list[str] = []
+    keys = differing_keys(saved, loaded)
+    for key in keys[:MAX_KEYS_NAMED]:
+        head = f"{CAUSE_1}: {where}: {key}"
+        if key not in loaded:
+            reasons.append(f"{head}: saved {kind(saved[key])}, missing after load")
+        elif key not in saved and kind(loaded[key]) == "map[0]":
+            reasons.append(f"{head}: empty after load, held saved entries")
+        elif key not in saved:
+            reasons.append(f"{head}: {kind(loaded[key])} after load, never saved")
+        elif kind(saved[key]) != kind(loaded[key]):
+            reasons.append(
+                f"{head}: saved {kind(saved[key])}, loaded {kind(loaded[key])} "
+                f"(dtype or shape changed){_magnitude(diffs, 'loaded', key)}"
+            )
+        else:
+            owner = [
+                r for r, other in sorted(saved_elsewhere.items()) if other.get(key) == loaded[key]
+            ]
+            tail = (
+                f"; it holds rank {owner[0]}'s saved value: DCP keeps one copy of a value that is "
+                "not a DTensor, so a per-rank value needs a DTensor or a key per rank"
+                if owner
+                else ""
+            )
+            reasons.append(
+                f"{head}: loaded {kind(loaded[key])} differs from saved"
+                f"{_magnitude(diffs, 'loaded', key)}{tail}"
+            )
+    if len(keys) > MAX_KEYS_NAMED:
+        reasons.append(f"{CAUSE_1}: {where}: {len(keys) - MAX_KEYS_NAMED} more keys differ")
+    return reasons
+
+
+def round_trip_hints(saved: Keys, loaded: Keys) -> list[str]:
+    """What usually causes the cause-1 keys found, said once per scenario."""
+    hints = []
+    keys = differing_keys(saved, loaded)
+    if any(k not in loaded and ".state." in k for k in keys) or any(
+        loaded.get(k, "").startswith("map[0]") and k.endswith(".state") for k in keys
+    ):
+        hints.append(
+            "hint: optimizer state came back empty or incomplete: DCP fills only the keys the "
+            "fresh state_dict() already has; save and load the optimizer with "
+            "torch.distributed.checkpoint.state_dict.get_state_dict / set_state_dict"
+        )
+    if any(k in saved and k in loaded and kind(saved[k]) != kind(loaded[k]) for k in keys):
+        hints.append(
+            "hint: a dtype or shape changed between save and load: state_dict() or "
+            "load_state_dict() casts or reshapes a value"
+        )
+    return hints
+
+
+def step_divergence(
+    where: str,
+    reference: Sequence[Mapping[str, Any]],
+    resumed: Sequence[Mapping[str, Any]],
+    diffs: Sequence[Mapping[str, Any]],
+    steps_before: int,
+    loaded_equals_saved: bool,
+) -> list[str]:
+    """The first resumed step whose loss or state differs from the uninterrupted run."""
+    for index, (want, got) in enumerate(zip(reference, resumed, strict=False), start=1):
+        keys = differing_keys(want["keys"], got["keys"])
+        if want["loss"] == got["loss"] and not keys:
+            continue
+        step = f"step {steps_before + index} (resumed step {index})"
+        facts = []
+        if want["loss"] != got["loss"]:
+            facts.append(f"loss expected {number(want['loss'])}, got {number(got['loss'])}")
+        if keys:
+            phase = f"step-{index}"
+            named = [f"{k}{_magnitude(diffs, phase, k)}" for k in keys[:MAX_KEYS_NAMED]]
+            facts.append("keys that differ first: " + _named(named + keys[MAX_KEYS_NAMED:]))
+        if not loaded_equals_saved:
+            return [
+                f"{where}: {step} differs, a consequence of the keys above: " + "; ".join(facts)
+            ]
+        reasons = [
+            f"{CAUSE_2}: {where}: loaded == saved, but {step} differs: "
+            + "; ".join(facts)
+            + f"; {SUSPECTS}"
+        ]
+        if any(re.search(r"\.param_groups\.\d+\.lr$", k) for k in keys):
+            reasons.append(
+                f"{CAUSE_2}: {where}: the learning rate itself differs after {step}: an LR "
+                "scheduler whose state is not in state_dict()"
+            )
+        return reasons
+    if len(resumed) != len(reference):
+        return [f"{where}: took {len(resumed)} resumed steps, the plan has {len(reference)}"]
+    return []
+
+
+def nondeterminism(where: str, first: Mapping[str, Any], second: Mapping[str, Any]) -> list[str]:
+    """Cause 3: where two uninterrupted runs of one rank part, if they do."""
+
+    def steps(arm: Mapping[str, Any]) -> list[tuple[str, Keys]]:
+        # Before the save only losses are recorded; at the save, every key too.
+        before: list[tuple[str, Keys]] = [(loss, {}) for loss in arm["losses_before"]]
+        if before:
+            before[-1] = (before[-1][0], arm["saved"] or {})
+        return before + [(s["loss"], s["keys"]) for s in arm["steps"]]
+
+    for index, ((loss_a, keys_a), (loss_b, keys_b)) in enumerate(
+        zip(steps(first), steps(second), strict=False), start=1
+    ):
+        keys = differing_keys(keys_a, keys_b)
+        if loss_a == loss_b and not keys:
+            continue
+        what = _named(keys) if keys else f"the loss ({number(loss_a)} vs {number(loss_b)})"
+        return [
+            f"{CAUSE_3}: {where}: two uninterrupted runs differ at step {index} in {what}; the "
+            "resume cannot be judged: seed every generator, draw no unseeded random numbers, "
+            "keep the thread count fixed"
+        ]
+    return []

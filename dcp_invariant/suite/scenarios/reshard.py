@@ -1,0 +1,66 @@
+"""reshard_<a>_to_<b>: the user's fixture saved at world size a, loaded by fresh ranks at b.
+
+Loaded must equal saved key by key (DTensors by global value). The K steps afterwards are not
+compared with the uninterrupted run at a: a step at another world size reduces partial sums in
+another order, so its last bits legitimately differ; the ranks must only agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+
+SOURCE_SNAPSHOTS = "snapshots/source"
+
+
+def train_payload(
+    ctx: ScenarioContext, label: str, snapshots: str, steps_after: int
+) -> dict[str, Any]:
+    return {
+        "checkpoint": ctx.candidate_id(label),
+        "fixture": ctx.fixture,
+        "snapshots": snapshots,
+        "steps_after": steps_after,
+        "steps_before": ctx.run_plan.steps_before,
+    }
+
+
+def run(ctx: ScenarioContext) -> dict[str, Any]:
+    sc, the_plan = ctx.scenario, ctx.run_plan
+    obs = ctx.begin(
+        fixture=ctx.fixture,
+        steps_before_save=the_plan.steps_before,
+        steps_after=the_plan.steps_after,
+        commit=None,
+        target=None,
+    )
+    label = the_plan.baseline_label
+    with ctx.recording(obs):
+        source = ctx.group(
+            "source",
+            "fixture_tasks:fixture_train",
+            sc.source_world_size,
+            train_payload(ctx, label, SOURCE_SNAPSHOTS, 0),
+        )
+        obs["source"] = source.record()
+        if not source.ok:
+            return obs
+        obs["commit"] = ctx.commit(label)
+        if not obs["commit"]["promoted"]:
+            return obs
+        target = ctx.group(
+            "target",
+            "fixture_tasks:fixture_resume",
+            sc.target_world_size,
+            {
+                "compare_steps": False,
+                "fixture": ctx.fixture,
+                "reference": SOURCE_SNAPSHOTS,
+                "source_world_size": sc.source_world_size,
+                "steps_after": the_plan.steps_after,
+                "store": STORE_ROOT,
+            },
+        )
+        obs["target"] = ctx.target_record(target)
+    return obs

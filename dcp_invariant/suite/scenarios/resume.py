@@ -1,0 +1,65 @@
+"""resume_<w>: the user's fixture, interrupted at step N and resumed by fresh processes at w.
+
+The uninterrupted arm runs twice, so a fixture that does not repeat itself is reported as
+non-deterministic instead of the resume being blamed; then the first arm's checkpoint is sealed
+and promoted, and a fresh group loads it through the pointer and takes the K steps again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.reshard import train_payload
+
+REFERENCE_SNAPSHOTS = "snapshots/reference"
+
+
+def run(ctx: ScenarioContext) -> dict[str, Any]:
+    sc, the_plan = ctx.scenario, ctx.run_plan
+    obs = ctx.begin(
+        fixture=ctx.fixture,
+        steps_before_save=the_plan.steps_before,
+        steps_after=the_plan.steps_after,
+        reference=None,
+        repeat=None,
+        commit=None,
+        target=None,
+    )
+    del obs["source"]
+    label = the_plan.baseline_label
+    with ctx.recording(obs):
+        reference = ctx.group(
+            "reference",
+            "fixture_tasks:fixture_train",
+            sc.source_world_size,
+            train_payload(ctx, label, REFERENCE_SNAPSHOTS, the_plan.steps_after),
+        )
+        obs["reference"] = reference.record()
+        repeat = ctx.group(
+            "repeat",
+            "fixture_tasks:fixture_train",
+            sc.source_world_size,
+            train_payload(ctx, f"repeat-{label}", "snapshots/repeat", the_plan.steps_after),
+        )
+        obs["repeat"] = repeat.record()
+        if not (reference.ok and repeat.ok):
+            return obs
+        obs["commit"] = ctx.commit(label)
+        if not obs["commit"]["promoted"]:
+            return obs
+        target = ctx.group(
+            "target",
+            "fixture_tasks:fixture_resume",
+            sc.target_world_size,
+            {
+                "compare_steps": True,
+                "fixture": ctx.fixture,
+                "reference": REFERENCE_SNAPSHOTS,
+                "source_world_size": sc.source_world_size,
+                "steps_after": the_plan.steps_after,
+                "store": STORE_ROOT,
+            },
+        )
+        obs["target"] = ctx.target_record(target)
+    return obs
