@@ -36,6 +36,8 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
             train_payload(ctx, label, REFERENCE_SNAPSHOTS, the_plan.steps_after),
         )
         obs["reference"] = reference.record()
+        if not reference.ok:
+            return obs  # a fixture that fails or hangs once would do it again
         repeat = ctx.group(
             "repeat",
             "fixture_tasks:fixture_train",
@@ -43,7 +45,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
             train_payload(ctx, f"repeat-{label}", "snapshots/repeat", the_plan.steps_after),
         )
         obs["repeat"] = repeat.record()
-        if not (reference.ok and repeat.ok):
+        if not repeat.ok:
             return obs
         obs["commit"] = ctx.commit(label)
         if not obs["commit"]["promoted"]:

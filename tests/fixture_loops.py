@@ -1,0 +1,381 @@
+"""Training loops for the live tests: one correct loop, one buggy variant per resume bug, a
+non-deterministic loop, a correct FSDP2 loop and fixtures that fail in other ways.
+
+Workers import this module by name (``fixture_loops:NAME``); every entry point is a plain
+``(rank, world_size) -> app`` function, called after the Gloo process group is initialised.
+The module is self-contained: it imports nothing from the package or from ``examples/``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+SEED = 1234
+SAMPLES = 32  # one epoch: 4 global batches, so the order is reshuffled before step 5
+GLOBAL_BATCH = 8  # split evenly over 1, 2 or 4 ranks
+WIDTH = 16
+DROPOUT = 0.1
+WARMUP = 4  # the learning rate rises over the first four steps
+MAX_GRAD_NORM = 0.5
+
+
+class Correct:
+    """Float32 MLP, AdamW, linear warmup (LambdaLR), gradient clipping, dropout and a per-epoch
+    shuffle. Dropout and the shuffle draw from one saved generator; the data position is the
+    epoch's order plus a cursor; gradients and the loss are all-reduced (SUM, then divide)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        data = torch.Generator().manual_seed(SEED)
+        self.inputs = torch.randn(SAMPLES, WIDTH, generator=data)
+        self.targets = self.inputs.cos().mean(-1, keepdim=True)
+        self.model = self.build_model()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=0.01, weight_decay=0.01, foreach=True
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / WARMUP)
+        )
+        self.generator = torch.Generator().manual_seed(SEED + 1)
+        self.order = torch.randperm(SAMPLES, generator=self.generator)
+        self.cursor = 0  # samples of self.order already consumed
+
+    def build_model(self) -> torch.nn.Sequential:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1)
+        )
+        init = torch.Generator().manual_seed(SEED + 2)  # not the global RNG
+        for param in model.parameters():
+            torch.nn.init.uniform_(param, -0.5, 0.5, generator=init)
+        return model
+
+    # -- resume state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        model, optim = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optim": optim, **self.loop_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+        self.load_loop_state(state_dict)
+
+    def loop_state(self) -> dict[str, Any]:
+        """Everything besides model and optimizer: identical on every rank, so saved once."""
+        return {
+            "sched": self.scheduler.state_dict(),
+            "rng": self.generator.get_state(),
+            "data": {"order": self.order, "cursor": torch.tensor(self.cursor)},
+        }
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict["sched"])
+        self.generator.set_state(state_dict["rng"])
+        self.order = state_dict["data"]["order"]
+        self.cursor = int(state_dict["data"]["cursor"])
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the next global batch, dropout applied to the inputs."""
+        if self.cursor == SAMPLES:  # a new epoch: a new order
+            self.order, self.cursor = torch.randperm(SAMPLES, generator=self.generator), 0
+        index = self.order[self.cursor : self.cursor + GLOBAL_BATCH]
+        self.cursor += GLOBAL_BATCH
+        # The mask covers the whole global batch so the generator advances alike on all ranks.
+        keep = torch.rand(GLOBAL_BATCH, WIDTH, generator=self.generator) >= DROPOUT
+        inputs = self.inputs[index] * keep / (1 - DROPOUT)
+        rows = GLOBAL_BATCH // self.world_size
+        mine = slice(self.rank * rows, (self.rank + 1) * rows)
+        return inputs[mine], self.targets[index][mine]
+
+    def reduce_gradients(self) -> None:
+        """One all-reduce for all gradients (SUM, then divide), like a DDP bucket."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([grad.flatten() for grad in grads])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):
+            grad.copy_(reduced.view_as(grad))
+
+    def step(self) -> float:
+        inputs, targets = self.batch()
+        loss = (self.model(inputs) - targets).square().mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.reduce_gradients()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM, foreach=True)
+        self.optimizer.step()
+        self.scheduler.step()
+        total = loss.detach()
+        dist.all_reduce(total)
+        return float(total) / self.world_size
+
+
+# -- bugs that a resume check must catch, one each ------------------------------------------------
+
+
+class OptimizerStateNaive(Correct):
+    """Checkpoints ``optimizer.state_dict()`` instead of get_state_dict/set_state_dict. A fresh
+    optimizer's own state is empty, so DCP has no AdamW moments to fill: they are dropped on load."""
+
+    def state_dict(self) -> dict[str, Any]:
+        model, optim = self.model.state_dict(), self.optimizer.state_dict()
+        return {"model": model, "optim": optim, **self.loop_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.model.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optim"])
+        self.load_loop_state(state_dict)
+
+
+class _LeavesOut(Correct):
+    """Leaves one part of the loop state out of the checkpoint; a load keeps the fresh value."""
+
+    left_out = ""
+
+    def loop_state(self) -> dict[str, Any]:
+        return {k: v for k, v in super().loop_state().items() if k != self.left_out}
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        fresh = super().loop_state()[self.left_out]
+        super().load_loop_state({**state_dict, self.left_out: fresh})
+
+
+class RngOutsideState(_LeavesOut):
+    """The dropout/shuffle generator is not checkpointed, so a resumed run draws different masks
+    (huggingface/transformers #17032: resuming does not restore the RNG state)."""
+
+    left_out = "rng"
+
+
+class CursorOutsideState(_LeavesOut):
+    """The data position and the epoch's shuffle order are not checkpointed, so a resumed run
+    starts the data over (pytorch/pytorch #36650: no state_dict for DataLoader/Sampler)."""
+
+    left_out = "data"
+
+
+class SchedulerOutsideState(_LeavesOut):
+    """The LR scheduler is not checkpointed: the loaded optimizer keeps the saved lr for one step,
+    then the fresh scheduler restarts the warmup (hpcaitech/ColossalAI #5151)."""
+
+    left_out = "sched"
+
+
+class AdamStepReset(Correct):
+    """Resets AdamW's per-parameter ``step`` counters to 0 after set_state_dict, so bias
+    correction restarts (the ``step`` counter mangled on the optimizer-state load path:
+    facebookresearch/fairscale #1083)."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for state in self.optimizer.state.values():
+            state["step"] = torch.zeros_like(state["step"])
+
+
+class PerRankValueOneKey(Correct):
+    """Adds input noise from a per-rank generator (seeded SEED + rank) and checkpoints its state
+    as a plain tensor under one key. DCP assumes a plain tensor is replicated and keeps one copy,
+    so at world size 2 both ranks load the same state (pytorch/pytorch #120356). At world size 1
+    this loop is as correct as Correct."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.noise = torch.Generator().manual_seed(SEED + 100 + rank)
+
+    def loop_state(self) -> dict[str, Any]:
+        return {**super().loop_state(), "noise": self.noise.get_state()}
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        super().load_loop_state(state_dict)
+        self.noise.set_state(state_dict["noise"])
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = super().batch()
+        return inputs + 0.05 * torch.randn(inputs.shape, generator=self.noise), targets
+
+
+class NarrowedDtype(Correct):
+    """Saves the float32 weights but restores them through a bfloat16 copy, so the loaded weights
+    lose 16 mantissa bits (TensorAuto/OpenTau #185: fp32 master weights rebuilt from bf16)."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        model = {k: v.to(torch.bfloat16) for k, v in state_dict["model"].items()}
+        super().load_state_dict({**state_dict, "model": model})
+
+
+class Nondeterministic(Correct):
+    """Adds input noise from a generator seeded from os.urandom at every step: two identical
+    uninterrupted runs differ, everything else is correct."""
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = super().batch()
+        unseeded = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+        return inputs + 0.05 * torch.randn(inputs.shape, generator=unseeded), targets
+
+
+# -- a correct FSDP2 loop --------------------------------------------------------------------------
+
+
+class Fsdp2(Correct):
+    """Correct with FSDP2: every Linear, then the root, is sharded over a 1-D CPU mesh. Model and
+    optimizer state come out of get_state_dict as Shard(0) DTensors that DCP can reshard. FSDP
+    reduce-scatters (and averages) the gradients itself; the loss is still all-reduced."""
+
+    def build_model(self) -> torch.nn.Sequential:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = super().build_model()  # identical full weights on every rank, then sharded
+        mesh = init_device_mesh("cpu", (self.world_size,))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def reduce_gradients(self) -> None:
+        pass
+
+
+# -- fixtures that fail in other ways --------------------------------------------------------------
+
+
+class RaisesInStep(Correct):
+    """Raises from its second step, to show that the user's own traceback reaches the report."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.steps = 0
+
+    def step(self) -> float:
+        self.steps += 1
+        if self.steps == 2:
+            raise ValueError("boom from the fixture")
+        return super().step()
+
+
+class Hangs(Correct):
+    """Sleeps forever in its second step."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.steps = 0
+
+    def step(self) -> float:
+        self.steps += 1
+        while self.steps == 2:
+            time.sleep(1.0)
+        return super().step()
+
+
+class BadLoss(Correct):
+    """Trains correctly but reports a NaN loss."""
+
+    def step(self) -> float:
+        super().step()
+        return math.nan
+
+
+class NoStep:
+    """Stateful, but has no step()."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.app = Correct(rank, world_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.app.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.app.load_state_dict(state_dict)
+
+
+class NotAMapping:
+    """state_dict() returns a list of the correct loop's state instead of a mapping."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.app = Correct(rank, world_size)
+
+    def state_dict(self) -> list[Any]:
+        return list(self.app.state_dict().values())
+
+    def load_state_dict(self, state_dict: list[Any]) -> None:
+        self.app.load_state_dict(dict(zip(self.app.state_dict(), state_dict, strict=True)))
+
+    def step(self) -> float:
+        return self.app.step()
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+
+def correct(rank: int, world_size: int) -> Correct:
+    return Correct(rank, world_size)
+
+
+def optimizer_state_naive(rank: int, world_size: int) -> Correct:
+    return OptimizerStateNaive(rank, world_size)
+
+
+def rng_outside_state(rank: int, world_size: int) -> Correct:
+    return RngOutsideState(rank, world_size)
+
+
+def cursor_outside_state(rank: int, world_size: int) -> Correct:
+    return CursorOutsideState(rank, world_size)
+
+
+def scheduler_outside_state(rank: int, world_size: int) -> Correct:
+    return SchedulerOutsideState(rank, world_size)
+
+
+def adam_step_reset(rank: int, world_size: int) -> Correct:
+    return AdamStepReset(rank, world_size)
+
+
+def per_rank_value_one_key(rank: int, world_size: int) -> Correct:
+    return PerRankValueOneKey(rank, world_size)
+
+
+def narrowed_dtype(rank: int, world_size: int) -> Correct:
+    return NarrowedDtype(rank, world_size)
+
+
+def nondeterministic(rank: int, world_size: int) -> Correct:
+    return Nondeterministic(rank, world_size)
+
+
+def fsdp2(rank: int, world_size: int) -> Correct:
+    return Fsdp2(rank, world_size)
+
+
+def raises_in_step(rank: int, world_size: int) -> Correct:
+    return RaisesInStep(rank, world_size)
+
+
+def hangs(rank: int, world_size: int) -> Correct:
+    return Hangs(rank, world_size)
+
+
+def bad_loss(rank: int, world_size: int) -> Correct:
+    return BadLoss(rank, world_size)
+
+
+def no_step(rank: int, world_size: int) -> NoStep:
+    return NoStep(rank, world_size)
+
+
+def not_a_mapping(rank: int, world_size: int) -> NotAMapping:
+    return NotAMapping(rank, world_size)

@@ -1,0 +1,284 @@
+"""Live tests of ``run --fixture``: real training loops in real Gloo groups, resumed through DCP.
+
+``fixture_loops`` (beside this file's parent) holds one correct loop and one buggy variant per
+resume bug users report; each must fail with a diagnosis that names the right key or cause.
+Scenario subsets run in-process to keep the suite short; the CLI runs check exit codes, the
+console and the artifact as a user sees them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcp_invariant import canonical, plan
+from dcp_invariant.evidence import rules, schema
+from dcp_invariant.evidence.verify import verify_artifact
+from dcp_invariant.suite import runner
+
+pytestmark = pytest.mark.live
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+TESTS = Path(__file__).resolve().parent.parent
+REPOSITORY = TESTS.parent
+CLI_TIMEOUT = 600
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it: the fixture is found from ``cwd``."""
+    script = shutil.which("dcp-invariant", path=str(Path(sys.executable).parent))
+    command = [script] if script else [sys.executable, "-m", "dcp_invariant"]
+    return subprocess.run(
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def derive(
+    fixture: str, names: list[str], world_sizes: tuple[int, ...] = (1, 2)
+) -> dict[str, list[str]]:
+    the_plan = plan.fixture_plan(f"fixture_loops:{fixture}", world_sizes)
+    suite = runner.run_suite(run_plan=the_plan, names=names)
+    return {n: rules.derive(n, obs, the_plan) for n, obs in suite.observations.items()}
+
+
+# --- the example a user copies, through the CLI ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def example_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("example")  # an existing empty directory, as `mktemp -d` gives
+    proc = run_cli(
+        "run",
+        "--fixture",
+        "examples.mlp_fixture:fixture",
+        "--output-dir",
+        str(out),
+        "--source-revision",
+        REVISION,
+        cwd=REPOSITORY,
+    )
+    return out, proc
+
+
+def test_the_example_fixture_holds_at_every_world_size(example_run) -> None:
+    out, proc = example_run
+    assert proc.returncode == 0, proc.stderr
+    names = ["resume_1", "resume_2", "reshard_1_to_2", "reshard_2_to_1", "elastic_restart_2_to_2"]
+    for name in names:
+        assert re.search(rf"^pass\s+{name}\s", proc.stderr, re.M), proc.stderr
+    provenance = canonical.loads((out / schema.PROVENANCE_FILE).read_bytes())
+    assert provenance["schema_version"] == schema.FIXTURE_SCHEMA_VERSION
+    assert provenance["plan"] == {
+        "fixture": "examples.mlp_fixture:fixture",
+        "kind": "fixture",
+        "scenarios": names,
+        "steps_after": 3,
+        "steps_before": 3,
+        "world_sizes": [1, 2],
+    }
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == list(schema.artifact_files(names))
+
+
+def test_the_example_artifact_verifies_offline_and_records_every_key(example_run) -> None:
+    out, _ = example_run
+    report = verify_artifact(out)
+    assert report.valid and report.passed, report.problems
+    assert report.run_plan.kind == "fixture"
+    obs = canonical.loads((out / schema.observation_file("resume_2")).read_bytes())
+    saved = obs["reference"]["ranks"][0]["saved"]
+    assert "app.model.0.weight" in saved and saved["app.model.0.weight"].startswith("float64[")
+    assert any(".momentum_buffer" in key for key in saved), sorted(saved)
+    loaded = [r["loaded"] for r in obs["target"]["ranks"]]
+    assert loaded == [r["saved"] for r in obs["reference"]["ranks"]]
+
+
+def test_a_fixture_run_is_byte_identical_when_repeated(tmp_path: Path) -> None:
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}"
+        proc = run_cli(
+            "run",
+            "--fixture",
+            "fixture_loops:correct",
+            "--world-sizes",
+            "1",
+            "--output-dir",
+            str(out),
+            "--source-revision",
+            REVISION,
+            cwd=TESTS,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outs.append(out)
+    for rel in schema.artifact_files(["resume_1"]):
+        assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
+
+
+# --- one buggy loop per cause; each diagnosis names the key or the cause ----------------------
+
+
+def test_an_optimizer_loaded_the_naive_way_is_named_with_the_fix() -> None:
+    reasons = derive("optimizer_state_naive", ["resume_1"])["resume_1"]
+    assert any(
+        r.startswith("did not round-trip through DCP: rank 0: app.optim.state.")
+        and "missing after load" in r
+        for r in reasons
+    ), reasons
+    assert any("get_state_dict / set_state_dict" in r for r in reasons), reasons
+    assert not any(r.startswith("state outside state_dict()") for r in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    ("fixture", "named"),
+    [
+        ("rng_outside_state", "keys that differ first: app.model."),
+        ("cursor_outside_state", "keys that differ first: app.model."),
+        ("scheduler_outside_state", "app.optim.param_groups.0.lr"),
+    ],
+)
+def test_state_outside_state_dict_is_the_cause_when_loaded_equals_saved(fixture, named) -> None:
+    reasons = derive(fixture, ["resume_1"])["resume_1"]
+    outside = [r for r in reasons if r.startswith("state outside state_dict(): rank 0")]
+    assert outside, reasons
+    assert "loaded == saved, but step 4 (resumed step 1) differs" in outside[0], outside
+    assert named in " ".join(outside), outside
+    assert not any(r.startswith("did not round-trip") for r in reasons), reasons
+    if fixture == "scheduler_outside_state":
+        assert any("an LR scheduler whose state is not in state_dict()" in r for r in outside)
+    else:
+        assert re.search(r"loss expected -?\d\S* \(0x[0-9a-f.]+p[+-]\d+\), got", outside[0])
+
+
+def test_reset_adam_step_counters_are_named_key_by_key() -> None:
+    reasons = derive("adam_step_reset", ["resume_1"])["resume_1"]
+    steps = [
+        r
+        for r in reasons
+        if r.startswith("did not round-trip") and r.split(": ")[2].endswith(".step")
+    ]
+    assert steps, reasons
+    assert all("loaded float32[] differs from saved (max abs diff 3.0)" in r for r in steps), steps
+
+
+def test_a_narrowed_dtype_is_a_round_trip_failure_with_its_magnitude() -> None:
+    reasons = derive("narrowed_dtype", ["resume_1"])["resume_1"]
+    model = [
+        r for r in reasons if r.startswith("did not round-trip through DCP: rank 0: app.model.")
+    ]
+    assert model, reasons
+    assert all("max abs diff" in r for r in model), model
+
+
+def test_a_per_rank_value_under_one_key_names_the_rank_whose_value_was_kept() -> None:
+    results = derive("per_rank_value_one_key", ["resume_1", "resume_2"])
+    assert results["resume_1"] == []  # one rank: nothing to lose
+    reasons = results["resume_2"]
+    assert any(
+        r.startswith("did not round-trip through DCP: rank 1: ")
+        and "it holds rank 0's saved value" in r
+        for r in reasons
+    ), reasons
+    # Rank 0 loaded its own value; its step moved only because rank 1's did.
+    assert not any(r.startswith("state outside state_dict()") for r in reasons), reasons
+
+
+def test_a_non_deterministic_fixture_is_reported_as_such_not_as_a_resume_bug() -> None:
+    reasons = derive("nondeterministic", ["resume_1"])["resume_1"]
+    assert len(reasons) == 1, reasons
+    assert reasons[0].startswith(
+        "non-deterministic fixture: rank 0: two uninterrupted runs differ at step 1"
+    ), reasons
+
+
+def test_an_fsdp2_loop_reshards_both_ways_and_resumes_exactly() -> None:
+    results = derive("fsdp2", ["resume_2", "reshard_1_to_2", "reshard_2_to_1"])
+    assert results == {"resume_2": [], "reshard_1_to_2": [], "reshard_2_to_1": []}
+
+
+def test_a_correct_loop_holds_at_world_sizes_one_two_and_four() -> None:
+    the_plan = plan.fixture_plan("fixture_loops:correct", (1, 2, 4))
+    names = [n for n in the_plan.names if not n.startswith("elastic")]
+    assert len(names) == 3 + 6
+    results = derive("correct", names, (1, 2, 4))
+    assert results == {n: [] for n in names}
+
+
+# --- what the user did wrong: bad input exits 2 before any scenario ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("fixture", "message"),
+    [
+        ("no_such_module:fixture", "cannot import 'no_such_module'"),
+        ("fixture_loops:no_such_name", "has no attribute 'no_such_name'"),
+        ("fixture_loops:SEED", "'SEED' is not callable"),
+        ("fixture_loops:no_step", "lacks step()"),
+        ("fixture_loops:not_a_mapping", "state_dict() returned a list, not a mapping"),
+        ("fixture_loops:bad_loss", "step() returned nan, expected a finite float"),
+    ],
+)
+def test_a_fixture_outside_the_interface_is_one_line_and_exit_2(tmp_path, fixture, message) -> None:
+    out = tmp_path / "out"
+    proc = run_cli("run", "--fixture", fixture, "--output-dir", str(out), cwd=TESTS)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dcp-invariant: error: "), proc.stderr
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path) -> None:
+    proc = run_cli(
+        "run",
+        "--fixture",
+        "fixture_loops:raises_in_step",
+        "--world-sizes",
+        "1",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--source-revision",
+        REVISION,
+        cwd=TESTS,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "ValueError: boom from the fixture" in proc.stderr
+    assert "fixture_loops.py" in proc.stderr
+    assert f"dcp_invariant{os.sep}suite" not in proc.stderr, proc.stderr
+    assert "uninterrupted run (reference) rank 0: exited with code 1" in proc.stderr
+    assert verify_artifact(tmp_path / "out").valid
+
+
+def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_path) -> None:
+    proc = run_cli(
+        "run",
+        "--fixture",
+        "fixture_loops:hangs",
+        "--world-sizes",
+        "1",
+        "--timeout",
+        "15",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--source-revision",
+        REVISION,
+        cwd=TESTS,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "uninterrupted run (reference): timed out and was killed" in proc.stderr
+    summary = canonical.loads((tmp_path / "out" / schema.SUMMARY_FILE).read_bytes())
+    assert (summary["passed"], summary["failed"]) == (0, 1)
