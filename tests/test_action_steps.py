@@ -6,7 +6,8 @@ approve something it does not understand), runs each ``run:`` step with bash, an
 ``uses:`` steps, recording whether they would have run and with what.
 
 Nothing here touches the network or torch: a ``python`` shim first on PATH logs ``pip install``
-instead of installing, and stands in for ``dcp_invariant run`` by copying a prepared artifact.
+instead of installing, and stands in for ``dcp_invariant run`` by copying a prepared artifact
+(after importing a ``--fixture`` module from the current directory, as ``run`` does).
 ``github-report`` and ``verify`` run the real package.
 """
 
@@ -61,13 +62,26 @@ if [ "$#" -ge 3 ] && [ "$1" = -m ] && [ "$2" = dcp_invariant ] && [ "$3" = run ]
   printf '%s\\t' "$@" >> "$DCP_TEST_SUITE_LOG"
   printf '\\n' >> "$DCP_TEST_SUITE_LOG"
   output_dir=
+  fixture=
   while [ "$#" -gt 0 ]; do
     case "$1" in
       --output-dir) output_dir=$2; shift 2 ;;
       --output-dir=*) output_dir=${{1#--output-dir=}}; shift ;;
+      --fixture) fixture=$2; shift 2 ;;
       *) shift ;;
     esac
   done
+  if [ -n "$fixture" ]; then
+    # As `run` does first: import MODULE with the current directory first on sys.path, and
+    # exit 2 when MODULE:CALLABLE is not there.
+    "$real" -c 'import importlib, sys
+sys.path.insert(0, "")
+module, _, name = sys.argv[1].partition(":")
+try:
+    getattr(importlib.import_module(module), name)
+except (ImportError, AttributeError) as error:
+    sys.exit(f"dcp-invariant: error: fixture {{sys.argv[1]}}: {{error}}")' "$fixture" || exit 2
+  fi
   # copytree refuses an existing directory, as `run` does; Python copes with Windows paths.
   "$real" -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])' \\
     "$DCP_TEST_SUITE_ARTIFACT" "$output_dir"
@@ -572,3 +586,116 @@ def test_invalid_artifact_name_stops_the_report(tmp_path: Path, data_artifact: P
     assert run.using("actions/upload-artifact").outcome == "skipped"
     # The gate still gives the evidence its verdict.
     assert run.gate.outcome == "success"
+
+
+# --- a fixture run ---------------------------------------------------------------------------
+#
+# The shim copies the registered artifact for these too: what is tested is the command line the
+# suite step builds and where it runs, not a fixture run's evidence.
+
+BASE_ARGS = ["--output-dir", "dcp-invariant-evidence", "--source-revision", SHA]
+FIXTURE = "my_project.checks:make_app"
+FIXTURE_OPTIONS = {"world-sizes": "1,2", "steps-before": "4", "steps-after": "2"}
+
+
+def caller_checkout(workspace: Path) -> None:
+    """The caller's repository as actions/checkout leaves it: a package at the workspace root."""
+    package = workspace / "my_project"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "checks.py").write_text(
+        "def make_app(rank, world_size):\n    raise NotImplementedError\n", encoding="utf-8"
+    )
+
+
+def test_registered_suite_gets_no_fixture_arguments(tmp_path: Path, data_artifact: Path) -> None:
+    run = run_action(tmp_path, suite_artifact=data_artifact)
+
+    assert run.suite.outcome == "success", run.suite.stderr
+    assert run.suite_log == [BASE_ARGS]
+
+
+def test_fixture_inputs_reach_the_command_line(tmp_path: Path, data_artifact: Path) -> None:
+    run = run_action(
+        tmp_path,
+        inputs={"fixture": FIXTURE, **FIXTURE_OPTIONS},
+        suite_artifact=data_artifact,
+        prepare=caller_checkout,
+    )
+
+    # The step ran in the workspace, so the caller's module imported from there.
+    assert run.suite.outcome == "success", run.suite.stderr
+    assert run.suite_log == [
+        [
+            *BASE_ARGS,
+            "--fixture",
+            FIXTURE,
+            "--world-sizes",
+            "1,2",
+            "--steps-before",
+            "4",
+            "--steps-after",
+            "2",
+        ]
+    ]
+    assert run.gate.outcome == "success"
+
+
+@pytest.mark.parametrize("given", sorted(FIXTURE_OPTIONS))
+def test_empty_fixture_inputs_add_nothing(tmp_path: Path, data_artifact: Path, given: str) -> None:
+    run = run_action(
+        tmp_path,
+        inputs={"fixture": FIXTURE, given: FIXTURE_OPTIONS[given]},
+        suite_artifact=data_artifact,
+        prepare=caller_checkout,
+    )
+
+    # The inputs left empty pass no flag: the tool's own defaults apply.
+    assert run.suite.outcome == "success", run.suite.stderr
+    assert run.suite_log == [
+        [*BASE_ARGS, "--fixture", FIXTURE, f"--{given}", FIXTURE_OPTIONS[given]]
+    ]
+
+
+def test_fixture_inputs_are_single_arguments_never_shell(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    hostile = {
+        "fixture": 'x:y $(touch pwned) "; touch pwned; #',
+        "world-sizes": "1 2 `touch pwned`",
+        "steps-before": "--help",
+        "steps-after": "3 --timeout 1",
+    }
+    run = run_action(tmp_path, inputs=hostile, suite_artifact=data_artifact)
+
+    assert run.suite_log == [
+        [
+            *BASE_ARGS,
+            "--fixture",
+            hostile["fixture"],
+            "--world-sizes",
+            hostile["world-sizes"],
+            "--steps-before",
+            hostile["steps-before"],
+            "--steps-after",
+            hostile["steps-after"],
+        ]
+    ]
+    assert not (run.workspace / "pwned").exists()
+    assert run.suite.outcome == "failure"
+
+
+def test_fixture_missing_from_the_workspace_fails_the_suite(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    # Without caller_checkout the module is nowhere: the positive test's import was the
+    # workspace's, not something else on the path.
+    run = run_action(tmp_path, inputs={"fixture": FIXTURE}, suite_artifact=data_artifact)
+
+    assert run.suite.outcome == "failure"
+    assert run.suite.returncode == 2
+    assert "my_project" in run.suite.stderr
+    assert not (run.workspace / "dcp-invariant-evidence").exists()
+    assert run.report.outcome == "success"
+    assert run.outputs["verdict"] == "fail"
+    assert run.gate.outcome == "failure"

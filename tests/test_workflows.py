@@ -28,6 +28,8 @@ from dcp_invariant import runtimes
 REPO = Path(__file__).resolve().parents[1]
 ACTION = REPO / "action.yml"
 CI = REPO / ".github" / "workflows" / "ci.yml"
+README = REPO / "README.md"
+EXAMPLE_FIXTURE = REPO / "examples" / "mlp_fixture.py"
 ZIZMOR_CONFIG = REPO / ".github" / "zizmor.yml"
 TOOL_TIMEOUT = 180
 
@@ -47,7 +49,14 @@ ACTION_INPUTS = {
     "source-revision",
     "upload",
     "retention-days",
+    "run-suite",
+    "fixture",
+    "world-sizes",
+    "steps-before",
+    "steps-after",
 }
+# Passed to `dcp_invariant run` only when non-empty, as flags of the same name.
+FIXTURE_INPUTS = ("fixture", "world-sizes", "steps-before", "steps-after")
 ACTION_OUTPUTS = {"verdict", "passed", "failed", "manifest-sha256", "evidence-dir"}
 
 
@@ -317,6 +326,30 @@ def test_action_inputs_have_string_defaults(action: dict[str, Any]) -> None:
     assert inputs["torch-version"]["default"] == runtimes.DEFAULT_TORCH_VERSION
     assert inputs["python-version"]["default"] == "3.11"
     assert inputs["upload"]["default"] in {"true", "false"}
+    # Empty: the registered suite, and the tool's own defaults for its options.
+    assert {name: inputs[name]["default"] for name in FIXTURE_INPUTS} == dict.fromkeys(
+        FIXTURE_INPUTS, ""
+    )
+
+
+def test_suite_step_passes_the_fixture_inputs_and_runs_in_the_workspace(
+    action: dict[str, Any],
+) -> None:
+    suites = [s for s in action_steps(action) if "dcp_invariant run" in s.get("run", "")]
+    assert len(suites) == 1
+    suite = suites[0]
+
+    # Through env:, one variable per input; the script adds each flag only when it is non-empty
+    # (test_action_steps.py runs it).
+    env = {str(v).replace(" ", "") for v in suite["env"].values()}
+    assert {f"${{{{inputs.{name}}}}}" for name in FIXTURE_INPUTS} <= env
+    for name in FIXTURE_INPUTS:
+        assert f"--{name}" in suite["run"], name
+    # No working-directory: a composite action's run step starts in $GITHUB_WORKSPACE (the
+    # runner's ScriptHandler joins the workspace with an empty working-directory, and job
+    # `defaults.run` do not reach composite steps), where the caller's checkout is, so a
+    # fixture module in it is importable.
+    assert "working-directory" not in suite
 
 
 def requirement_pin(requirements: list[str], name: str) -> str:
@@ -381,3 +414,56 @@ def test_last_step_is_the_offline_gate(action: dict[str, Any]) -> None:
     last = action_steps(action)[-1]
 
     assert "dcp_invariant verify" in last.get("run", "")
+
+
+# --- README.md -------------------------------------------------------------------------------
+
+
+def readme_blocks(language: str) -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    return re.findall(rf"^```{language}\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+
+
+def test_readme_input_table_lists_every_action_input(action: dict[str, Any]) -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    start = lines.index("| input | default | meaning |")
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        match = re.match(r"\| `([\w-]+)` \|", line)
+        assert match, line
+        rows.append(match[1])
+
+    assert rows == list(action["inputs"])
+
+
+def test_readme_example_fixture_is_the_example_file() -> None:
+    if not EXAMPLE_FIXTURE.is_file():
+        pytest.skip("examples/ is not here (outside the source tree)")
+    blocks = readme_blocks("python")
+
+    # Pasted verbatim, so what the README shows is what runs.
+    assert blocks == [EXAMPLE_FIXTURE.read_text(encoding="utf-8")]
+
+
+def test_readme_workflows_use_only_declared_inputs_and_pinned_checkout(
+    action: dict[str, Any],
+) -> None:
+    from ruamel.yaml import YAML
+
+    steps = []
+    for block in readme_blocks("yaml"):
+        parsed = YAML(typ="safe").load(block)
+        if isinstance(parsed, list):  # a bare list of steps
+            steps += parsed
+        else:
+            steps += [s for job in parsed["jobs"].values() for s in job["steps"]]
+    ours = [s for s in steps if str(s.get("uses", "")).startswith("tiramitree/dcp-invariant@")]
+    checkouts = [s["uses"] for s in steps if str(s.get("uses", "")).startswith("actions/checkout@")]
+
+    assert ours
+    for step in ours:
+        assert set(step.get("with") or {}) <= set(action["inputs"]), step
+    assert checkouts == [f"actions/checkout@{PINNED[('actions/checkout', 'v7.0.1')]}"]
+    assert any((s.get("with") or {}).get("fixture") for s in ours)

@@ -53,9 +53,9 @@ class GroupOutcome:
     def log_tail(self, lines: int = 20) -> str:
         out = []
         for path in self.logs:
-            if path.exists():
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                out.append(f"--- {path.name}\n" + "\n".join(text))
+            text = path.read_text(errors="replace").splitlines() if path.exists() else []
+            if text:  # an empty log says nothing; its header alone would only be noise
+                out.append(f"--- {path.name}\n" + "\n".join(text[-lines:]))
         return "\n".join(out)
 
 
