@@ -388,3 +388,43 @@ def test_console_script_lists_the_scenarios(tmp_path: Path) -> None:
 
     assert done.returncode == cli.EXIT_OK
     assert [line.split()[0] for line in done.stdout.splitlines()] == list(plan.SCENARIO_NAMES)
+
+
+# --- run --fixture: the plan's grammar is checked before anything starts -----------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--fixture", "no_colon"], "is not MODULE:CALLABLE"),
+        (["--fixture", "m:f", "--world-sizes", "1,x"], "comma-separated integers"),
+        (["--fixture", "m:f", "--world-sizes", "0,1"], "distinct integers from 1 to 8"),
+        (["--fixture", "m:f", "--world-sizes", "2,2"], "distinct integers from 1 to 8"),
+        (["--fixture", "m:f", "--world-sizes", "16"], "distinct integers from 1 to 8"),
+        (["--fixture", "m:f", "--steps-before", "0"], "steps before the save: 0"),
+        (["--fixture", "m:f", "--steps-after", "-2"], "steps after: -2"),
+        (["--world-sizes", "1,2"], "--world-sizes go with --fixture"),
+        (["--steps-before", "2", "--steps-after", "2"], "--steps-before, --steps-after go with"),
+    ],
+)
+def test_run_refuses_a_fixture_plan_outside_the_grammar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    output = tmp_path / "evidence"
+    code = cli.main(["run", "--output-dir", str(output), "--source-revision", REVISION, *arguments])
+    assert code == cli.EXIT_USAGE
+    assert message in usage_error(capsys)
+    assert not output.exists()
+
+
+def test_run_accepts_an_empty_output_dir_and_refuses_a_non_empty_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    # The refusal comes from the guard against starting the suite: the empty directory passed.
+    with pytest.raises(AssertionError, match=r"reached runner\.run_suite"):
+        cli.main(["run", "--output-dir", str(empty), "--source-revision", REVISION])
+    (empty / "x").write_bytes(b"")
+    assert cli.main(["run", "--output-dir", str(empty), "--source-revision", REVISION]) == 2
+    assert "is not an empty directory" in usage_error(capsys)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dcp_invariant import plan
@@ -54,3 +56,59 @@ def test_torchrun_arguments_start_with_the_elastic_job_and_name_the_rank_module(
 )
 def test_shard_rows_follow_torch_chunk(rows: int, world_size: int, expected: list[int]) -> None:
     assert [plan.expected_shard_rows(rows, world_size, r) for r in range(world_size)] == expected
+
+
+def test_a_fixture_plan_derives_resumes_reshards_and_the_restart() -> None:
+    the_plan = plan.fixture_plan("pkg.mod:make_app", (2, 1, 4), 5, 2)
+    assert the_plan.world_sizes == (1, 2, 4)
+    assert the_plan.names == (
+        "resume_1",
+        "resume_2",
+        "resume_4",
+        "reshard_1_to_2",
+        "reshard_1_to_4",
+        "reshard_2_to_1",
+        "reshard_2_to_4",
+        "reshard_4_to_1",
+        "reshard_4_to_2",
+        "elastic_restart_2_to_2",
+    )
+    assert plan.fixture_plan("m:f", (1, 4)).names[-1] == "reshard_4_to_1"  # no 2: no torchrun
+    assert plan.plan_from_record(the_plan.to_record()) == the_plan
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (("module_only", (1,)), "is not MODULE:CALLABLE"),
+        (("a b:c", (1,)), "is not MODULE:CALLABLE"),
+        (("m:f", ()), "world sizes []"),
+        (("m:f", (0,)), "distinct integers from 1 to 8"),
+        (("m:f", (9,)), "distinct integers from 1 to 8"),
+        (("m:f", (2, 2)), "distinct integers"),
+        (("m:f", (1,), 0), "steps before the save: 0"),
+        (("m:f", (1,), 3, 1001), "steps after: 1001"),
+        (("m:f", (1,), True), "steps before the save: True"),
+    ],
+)
+def test_a_plan_outside_the_grammar_is_refused(arguments: tuple, message: str) -> None:
+    with pytest.raises(plan.PlanError, match=re.escape(message)):
+        plan.fixture_plan(*arguments)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.update(kind="registered"), "kind 'registered'"),
+        (lambda r: r.update(world_sizes=[2, 1]), "sorted list"),
+        (lambda r: r.update(scenarios=["resume_1"]), "are not the ones its parameters give"),
+        (lambda r: r.pop("steps_after"), "expected exactly the keys"),
+        (lambda r: r.update(extra=1), "expected exactly the keys"),
+        (lambda r: r.update(steps_before=-1), "steps before the save: -1"),
+    ],
+)
+def test_a_recorded_plan_is_held_to_the_grammar_and_to_its_scenarios(edit, message) -> None:
+    record = plan.fixture_plan("m:f", (1, 2)).to_record()
+    edit(record)
+    with pytest.raises(plan.PlanError, match=re.escape(message)):
+        plan.plan_from_record(record)

@@ -39,6 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--imports", type=int, default=3, help="import-torch timings to take the median of"
     )
+    parser.add_argument(
+        "--fixture",
+        default="examples.mlp_fixture:fixture",
+        help="fixture run to measure next to the registered suite ('' skips)",
+    )
+    parser.add_argument(
+        "--slow-fixture",
+        default="examples.mlp_fixture:slow_fixture",
+        help="a fixture with a ~100 ms step: the tool's overhead over its own steps ('' skips)",
+    )
     args = parser.parse_args(argv)
 
     import_seconds = _median_import(args.imports)
@@ -54,9 +64,66 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak RSS, largest process: {largest:.0f} MiB")
     if tree_peak:
         print(f"peak RSS, whole process tree: {tree_peak / MIB:.0f} MiB")
+    if args.fixture:
+        ok &= _fixture_run(args.fixture, import_seconds, total)
+    if args.slow_fixture:
+        ok &= _overhead(args.slow_fixture)
     if args.seal_gib > 0:
         _seal_benchmark(args.seal_gib)
     return 0 if ok else 1
+
+
+def _fixture_run(fixture: str, import_seconds: float, registered: float) -> bool:
+    """The fixture run at world sizes 1,2 (its defaults), next to the registered suite."""
+    total, per_scenario, _, ok = _suite(["--fixture", fixture])
+    print(f"\nfixture run of {fixture} (world sizes 1,2, N=3, K=3):")
+    for name, seconds in per_scenario.items():
+        print(f"{name:<26}{seconds:>8.2f}")
+    print(f"fixture run total: {total:.2f} s ({'pass' if ok else 'FAIL'})")
+    print(f"fixture run / import torch: {total / import_seconds:.1f} units")
+    print(f"fixture run / registered suite: {total / registered:.2f}")
+    return ok
+
+
+_OWN_STEPS = """
+import os, sys, time, importlib, tempfile
+import torch, torch.distributed as dist
+torch.set_num_threads(1)
+module, _, attr = sys.argv[1].partition(":")
+steps = int(sys.argv[2])
+store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+app = getattr(importlib.import_module(module), attr)(0, 1)
+started = time.perf_counter()
+for _ in range(steps):
+    app.step()
+print(time.perf_counter() - started)
+dist.destroy_process_group()
+"""
+
+
+def _overhead(fixture: str) -> bool:
+    """Wall time of a world-size-1 fixture run against the fixture's own N+K steps."""
+    steps = plan.DEFAULT_STEPS_BEFORE + plan.DEFAULT_STEPS_AFTER
+    with tempfile.TemporaryDirectory(prefix="dcp-invariant-bench-") as tmp:
+        env = {**os.environ, "TMPDIR": tmp, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+        done = subprocess.run(
+            [sys.executable, "-c", _OWN_STEPS, fixture, str(steps)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env=env,
+            check=False,
+        )
+    if done.returncode != 0:
+        print(f"\n{fixture}: its own steps could not be timed:\n{done.stderr}", file=sys.stderr)
+        return False
+    own = float(done.stdout.split()[-1])
+    total, _, _, ok = _suite(["--fixture", fixture, "--world-sizes", "1"])
+    print(f"\n{fixture}: its own {steps} steps {own:.2f} s ({own / steps * 1000:.0f} ms a step)")
+    print(f"fixture run at world size 1: {total:.2f} s ({'pass' if ok else 'FAIL'})")
+    print(f"tool overhead: {total - own:.2f} s, {total / own:.1f}x the fixture's own steps")
+    return ok
 
 
 def _largest_child_rss_mib() -> float | None:
@@ -78,7 +145,7 @@ def _median_import(times: int) -> float:
     return statistics.median(samples)
 
 
-def _suite() -> tuple[float, dict[str, float], int, bool]:
+def _suite(extra: list[str] | None = None) -> tuple[float, dict[str, float], int, bool]:
     with tempfile.TemporaryDirectory(prefix="dcp-invariant-bench-") as tmp:
         command = [
             sys.executable,
@@ -89,6 +156,7 @@ def _suite() -> tuple[float, dict[str, float], int, bool]:
             str(Path(tmp) / "evidence"),
             "--source-revision",
             "0" * 40,
+            *(extra or []),
         ]
         started = time.perf_counter()
         proc = subprocess.Popen(
