@@ -7,17 +7,25 @@ Exit codes: 0 success, 1 an invariant failed or an artifact is invalid (with eve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from dcp_invariant import __version__, canonical, plan
 from dcp_invariant.evidence import schema
 
+if TYPE_CHECKING:
+    from dcp_invariant.suite.output_dir import Reservation
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+# A day: longer is a typo, and far longer overflows the timers it reaches (1e308 did).
+MAX_TIMEOUT = 86400.0
 
 
 class UsageError(Exception):
@@ -192,27 +200,49 @@ def _github_report(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from dcp_invariant.suite import output_dir, runner
+
+    run_plan = _run_plan(args)
+    timeout = runner.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+        raise UsageError(
+            f"--timeout must be a number of seconds from 0 to {MAX_TIMEOUT:g}, got {args.timeout}"
+        )
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:
+        raise UsageError(
+            "the current directory no longer exists: cd into an existing directory"
+        ) from None
+    revision = _source_revision(args.source_revision)
+
+    if run_plan.kind == "fixture":
+        # As uvicorn and gunicorn do for MODULE:ATTR: the fixture's module is found from here.
+        sys.path.insert(0, cwd)
+    try:
+        reservation = output_dir.Reservation(args.output_dir)
+    except output_dir.OutputDirError as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        with _interruptible():
+            return _run_and_write(args, run_plan, timeout, revision, reservation)
+    except Interrupted as exc:
+        print("dcp-invariant: interrupted: nothing written", file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        reservation.release()
+
+
+def _run_and_write(
+    args: argparse.Namespace,
+    run_plan: plan.Plan,
+    timeout: float,
+    revision: str,
+    reservation: Reservation,
+) -> int:
     from dcp_invariant import runtimes
     from dcp_invariant.evidence import artifact, provenance
-    from dcp_invariant.suite import runner
-
-    output: Path = args.output_dir
-    run_plan = _run_plan(args)
-    if output.is_symlink() or (output.exists() and not _empty_dir(output)):
-        raise UsageError(
-            f"{output} already exists and is not an empty directory: choose a new --output-dir "
-            "(nothing is overwritten)"
-        )
-    if not output.parent.is_dir():
-        raise UsageError(
-            f"{output.parent} does not exist: create it or choose another --output-dir"
-        )
-    if not os.access(output.parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{output.parent} is not writable: choose another --output-dir")
-    timeout = runner.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    revision = _source_revision(args.source_revision)
+    from dcp_invariant.suite import runner, workspace
 
     def progress(done: runner.Finished) -> None:
         print(
@@ -223,12 +253,13 @@ def _run(args: argparse.Namespace) -> int:
         if done.logs:
             print(done.logs, file=sys.stderr)
 
-    if run_plan.kind == "fixture":
-        # As uvicorn and gunicorn do for MODULE:ATTR: the fixture's module is found from here.
-        sys.path.insert(0, os.getcwd())
     try:
         suite = runner.run_suite(run_plan=run_plan, timeout=timeout, on_finish=progress)
-    except (runtimes.UnsupportedRuntime, runner.FixtureProblem) as exc:
+    except (
+        runtimes.UnsupportedRuntime,
+        runner.FixtureProblem,
+        workspace.EnvironmentProblem,
+    ) as exc:
         raise UsageError(str(exc)) from exc
     except runner.FixtureTimeout as exc:
         print(f"dcp-invariant: fail: {exc}", file=sys.stderr)
@@ -244,13 +275,47 @@ def _run(args: argparse.Namespace) -> int:
         run_plan=run_plan,
     )
     files = artifact.build(suite.observations, record, run_plan)
-    artifact.write(output, files)
+    try:
+        reservation.fill(files)
+    except OSError as exc:
+        raise UsageError(f"the artifact could not be written to {args.output_dir}: {exc}") from exc
     summary = canonical.loads(files[schema.SUMMARY_FILE])
     print(
-        f"{summary['verdict']}: {summary['passed']} passed, {summary['failed']} failed; evidence in {output}",
+        f"{summary['verdict']}: {summary['passed']} passed, {summary['failed']} failed; "
+        f"evidence in {args.output_dir}",
         file=sys.stderr,
     )
     return EXIT_OK if summary["verdict"] == "pass" else EXIT_FAIL
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: everything stops, nothing is written."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signum)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM (a CI runner's cancel) raise :class:`Interrupted` once.
+
+    A second signal during the cleanup that follows is ignored: the cleanup kills every worker
+    and removes the workspace within seconds, and must not be cut short itself.
+    """
+    wanted = [signal.SIGINT, signal.SIGTERM]
+
+    def interrupt(signum: int, frame: object) -> None:
+        for s in wanted:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    saved = {s: signal.signal(s, interrupt) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def _run_plan(args: argparse.Namespace) -> plan.Plan:
@@ -284,10 +349,6 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
         )
     except plan.PlanError as exc:
         raise UsageError(f"{exc}") from exc
-
-
-def _empty_dir(path: Path) -> bool:
-    return path.is_dir() and not any(path.iterdir())
 
 
 def _source_revision(given: str | None) -> str:

@@ -8,9 +8,14 @@ unavailable (Windows) each worker is spawned as a new interpreter instead.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +39,8 @@ PRELOAD = [
 ]
 # After the first rank fails, how long the others get to notice before they are killed.
 FAILURE_GRACE_SECONDS = 10.0
+# An interrupt must leave no process within 2 s: how long a killed process gets to be reaped.
+CANCEL_GRACE_SECONDS = 1.0
 
 
 @dataclass
@@ -59,9 +66,16 @@ class GroupOutcome:
         return "\n".join(out)
 
 
+class Cancelled(Exception):
+    """The run is being interrupted: no new group starts."""
+
+
 class WorkerPool:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
+        self.cancelled = False
+        self._lock = threading.Lock()
+        self._live: set[Any] = set()  # started worker processes and the torchrun agent
         methods = multiprocessing.get_all_start_methods()
         self.method = "forkserver" if "forkserver" in methods else "spawn"
         self._ctx: Any = multiprocessing.get_context(self.method)
@@ -100,6 +114,7 @@ class WorkerPool:
     ) -> GroupOutcome:
         for sub in ("results", "logs", "pg", "home", "tmp"):
             (workdir / sub).mkdir(exist_ok=True)
+        self._refuse_if_cancelled()
         procs = [
             self._ctx.Process(
                 target=worker.forked,
@@ -109,9 +124,16 @@ class WorkerPool:
             )
             for rank in range(world_size)
         ]
-        for proc in procs:
-            proc.start()
-        timed_out = _wait(procs, self.timeout)
+        with self._lock:
+            for proc in procs:
+                proc.start()
+                self._live.add(proc)
+        try:
+            timed_out = _wait(procs, self.timeout)
+        finally:
+            with self._lock:
+                self._live.difference_update(procs)
+        self._refuse_if_cancelled()
         results = []
         for rank in range(world_size):
             path = workdir / worker.result_path(group, rank)
@@ -127,6 +149,41 @@ class WorkerPool:
             logs=[workdir / worker.log_path(group, r) for r in range(world_size)],
         )
 
+    def track(self, proc: subprocess.Popen[bytes]) -> None:
+        """Let :meth:`cancel` reach a process the pool did not start itself (the torchrun agent)."""
+        with self._lock:
+            self._refuse_if_cancelled()
+            self._live.add(proc)
+
+    def untrack(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._live.discard(proc)
+
+    def cancel(self) -> None:
+        """Kill every live worker and agent now, and start nothing more; safe from any thread.
+
+        Forked workers die with their fork server and torchrun's workers with their agent
+        (:func:`worker.die_with_parent`), so killing these is enough to leave no process.
+        """
+        with self._lock:
+            self.cancelled = True
+            live = list(self._live)
+        for proc in live:
+            if isinstance(proc, subprocess.Popen):
+                kill_process_tree(proc)
+            elif proc.exitcode is None:
+                proc.kill()
+        for proc in live:
+            if isinstance(proc, subprocess.Popen):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=CANCEL_GRACE_SECONDS)
+            else:
+                proc.join(CANCEL_GRACE_SECONDS)
+
+    def _refuse_if_cancelled(self) -> None:
+        if self.cancelled:
+            raise Cancelled("the run is being interrupted")
+
     def close(self) -> None:
         if self.method != "forkserver":
             return
@@ -139,6 +196,27 @@ class WorkerPool:
             stop = getattr(server, "_stop", None)
             if stop is not None:
                 stop()
+
+
+def kill_process_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a process started in its own session or process group, with what it started.
+
+    On POSIX the whole process group goes. torch's elastic agent starts each worker in a session
+    of its own (``start_new_session=True`` in
+    ``torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py``), so
+    those die through their parent-death signal instead. Windows has no process groups to
+    signal: ``taskkill /T`` walks the tree.
+    """
+    if sys.platform == "win32":
+        subprocess.run(
+            ["taskkill", "/F", "/T", "/PID", str(proc.pid)],
+            check=False,
+            capture_output=True,
+            timeout=60,
+        )
+        return
+    with contextlib.suppress(ProcessLookupError):  # nothing left in the group
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _wait(procs: list[Any], timeout: float) -> bool:

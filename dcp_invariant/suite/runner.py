@@ -8,6 +8,7 @@ agent and fresh workers, as torch launches them) is the longest path through the
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import tempfile
 import threading
 import time
@@ -22,6 +23,7 @@ from dcp_invariant.evidence import rules
 from dcp_invariant.suite.pool import WorkerPool
 from dcp_invariant.suite.scenarios import DRIVERS
 from dcp_invariant.suite.scenarios.common import ScenarioContext
+from dcp_invariant.suite.workspace import EnvironmentProblem, Workspace
 
 DEFAULT_TIMEOUT = 180.0
 PARALLEL = 2
@@ -51,8 +53,10 @@ class WorkerStartError(RuntimeError):
 
     def __init__(self, exit_codes: list[int], logs: str) -> None:
         self.logs = logs
+        missing = re.findall(r"No module named '([^']+)'", logs)
+        what = f"could not import {missing[-1]}" if missing else "could not import torch and numpy"
         super().__init__(
-            f"a worker could not import torch (exit codes {exit_codes}); "
+            f"a worker {what} (exit codes {exit_codes}); "
             "reinstall the runtime: python -m pip install 'dcp-invariant[runtime]'"
         )
 
@@ -87,8 +91,7 @@ def run_suite(
     observations: dict[str, dict[str, Any]] = {}
     pool = WorkerPool(timeout)
     try:
-        with tempfile.TemporaryDirectory(prefix="dcp-invariant-") as tmp:
-            workspace = Path(tmp)
+        with Workspace() as workspace:
             pool.start(workspace / "server")
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
@@ -102,6 +105,7 @@ def run_suite(
                 workdir.mkdir()
                 ctx = ScenarioContext(scenario, pool, workdir, fixture, run_plan)
                 obs = DRIVERS[scenario.family](ctx)
+                _refuse_environment_failures(ctx)
                 elapsed = time.monotonic() - started
                 reasons = rules.derive(name, obs, run_plan)
                 tails = [o.log_tail() for _, o in ctx.outcomes]
@@ -116,8 +120,17 @@ def run_suite(
             with ThreadPoolExecutor(
                 max_workers=PARALLEL, thread_name_prefix="scenario"
             ) as executor:
-                for future in [executor.submit(one, name) for name in order]:
-                    future.result()
+                try:
+                    for future in [executor.submit(one, name) for name in order]:
+                        future.result()
+                except BaseException:
+                    # An interrupt, or one scenario's bug: stop the others now, not after them.
+                    pool.cancel()
+                    executor.shutdown(wait=True, cancel_futures=True)
+                    raise
+    except BaseException:
+        pool.cancel()
+        raise
     finally:
         pool.close()
     return SuiteRun(
@@ -157,6 +170,21 @@ def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str) -> None:
         )
     if outcome.results and outcome.results[0]["problem"] is not None:
         raise FixtureProblem(outcome.results[0]["problem"])
+
+
+# What a worker's log says when the machine, not the checkpoint, failed it.
+_ENVIRONMENT_LOG = re.compile(r"\[Errno (28|122|13|30)\] ([^:\n]+)")
+
+
+def _refuse_environment_failures(ctx: ScenarioContext) -> None:
+    """A full or read-only disk fails every scenario for the same reason: stop the run (exit 2)."""
+    for _, outcome in ctx.outcomes:
+        match = _ENVIRONMENT_LOG.search(outcome.log_tail())
+        if match:
+            raise EnvironmentProblem(
+                f"a worker failed with {match.group(2)} in the run's workspace under "
+                f"{tempfile.gettempdir()}: free space there or point TMPDIR at another directory"
+            )
 
 
 def _probe(pool: WorkerPool, workdir: Path) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -60,6 +61,25 @@ def loopback_interface() -> str | None:
     return None
 
 
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (Linux: ``PR_SET_PDEATHSIG``).
+
+    A runner killed with SIGKILL runs no cleanup: its fork server then exits (it watches a pipe
+    to the runner), and this makes the workers it forked follow; the same holds for torchrun's
+    agent and its workers, which it starts in sessions of their own. Elsewhere there is no such
+    call; a worker's collectives then time out on their own.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before the call: follow it now
+        os._exit(1)
+
+
 def run(
     task: str, rank: int, world_size: int, group: str, payload: dict[str, Any], timeout: float
 ) -> None:
@@ -67,6 +87,7 @@ def run(
 
     ``timeout`` bounds every collective, so a rank whose peer vanished fails instead of hanging.
     """
+    die_with_parent()
     workdir = Path.cwd()
     os.environ.update(isolated_environment(workdir))
     tempfile.tempdir = None

@@ -20,6 +20,7 @@ from dcp_invariant.canonical import CanonicalJSONError
 from dcp_invariant.commit import CheckpointStore, CommitError, PromotionRefused, SealError
 from dcp_invariant.evidence import schema
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
+from dcp_invariant.suite.workspace import ENVIRONMENT_ERRNOS, environment_problem
 
 PACKAGE = "dcp_invariant.suite.scenarios"
 TASKS = f"{PACKAGE}.tasks"
@@ -103,6 +104,11 @@ class ScenarioContext:
         """Turn a driver error into a recorded, run-independent reason instead of a crash."""
         try:
             yield
+        except OSError as exc:
+            if exc.errno in ENVIRONMENT_ERRNOS:
+                raise environment_problem(exc, "the run's workspace") from exc
+            obs["errors"].append(f"the driver stopped on {type(exc).__name__}")
+            self.notes.append(f"{type(exc).__name__}: {exc}")
         except DRIVER_ERRORS as exc:
             obs["errors"].append(f"the driver stopped on {type(exc).__name__}")
             self.notes.append(f"{type(exc).__name__}: {exc}")

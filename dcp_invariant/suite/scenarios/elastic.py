@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import dcp_invariant
 from dcp_invariant import canonical, plan
 from dcp_invariant.commit import ReceiptMismatch, StoreError
 from dcp_invariant.suite import worker
+from dcp_invariant.suite.pool import WorkerPool, kill_process_tree
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.torchrun import guard
 from dcp_invariant.suite.torchrun.elastic_rank import MARKER_FILE
@@ -46,7 +46,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         if not ctx.commit_baseline(obs):
             return obs
 
-        exit_code, timed_out = _torchrun(ctx.workdir, ctx.fixture, ctx.pool.timeout)
+        exit_code, timed_out = _torchrun(ctx.workdir, ctx.fixture, ctx.pool)
         attestation = ctx.workdir / ATTESTATION_FILE
         obs["launcher"] = {
             "arguments": list(plan.TORCHRUN_ARGUMENTS),
@@ -93,7 +93,8 @@ def _after(ctx: ScenarioContext, obs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _torchrun(workdir: Path, fixture: str, timeout: float) -> tuple[int, bool]:
+def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool]:
+    timeout = pool.timeout
     payload = {
         "dying_rank": plan.DYING_RANK,
         "exit_code": plan.ELASTIC_EXIT_CODE,
@@ -126,13 +127,16 @@ def _torchrun(workdir: Path, fixture: str, timeout: float) -> tuple[int, bool]:
             stderr=subprocess.STDOUT,
             **_new_process_group(),
         )
+        pool.track(proc)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _stop(proc)
             return proc.wait(), True
-        # The agent reaps its workers; this catches any it could not, so none outlive the run.
-        _kill_group(proc)
+        finally:
+            # The agent reaps its workers; this catches any it could not, so none outlive it.
+            kill_process_tree(proc)
+            pool.untrack(proc)
         return code, False
 
 
@@ -143,24 +147,9 @@ def _new_process_group() -> dict[str, Any]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Ask torchrun to stop its workers, then kill whatever is left."""
-    if os.name == "nt":
-        subprocess.run(
-            ["taskkill", "/F", "/T", "/PID", str(proc.pid)],
-            check=False,
-            capture_output=True,
-            timeout=60,
-        )
-        return
-    proc.terminate()
-    # An agent that ignores SIGTERM is killed below, with its workers where they are reachable.
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=STOP_GRACE_SECONDS)
-    _kill_group(proc)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    if sys.platform == "win32":
-        return
-    with contextlib.suppress(ProcessLookupError):  # nothing left in the group
-        os.killpg(proc.pid, signal.SIGKILL)
+    """Ask torchrun to stop its workers (SIGTERM; Windows has no such request), then kill."""
+    if sys.platform != "win32":
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_GRACE_SECONDS)
+    kill_process_tree(proc)

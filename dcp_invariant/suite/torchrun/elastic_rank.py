@@ -18,9 +18,12 @@ from dcp_invariant import canonical
 from dcp_invariant.suite import worker
 
 MARKER_FILE = "marker.json"
+# Long enough for the agent to see the dying rank's exit first, so the restart follows it.
+MARKER_GRACE_SECONDS = 2.0
 
 
 def main(argv: list[str]) -> int:
+    worker.die_with_parent()
     payload = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
@@ -32,8 +35,13 @@ def main(argv: list[str]) -> int:
                 canonical.dumps({"attempt": attempt, "exit_code": code, "rank": rank})
             )
             os._exit(code)
-        # Bounded: the agent stops this rank as soon as it sees the other one fail.
-        time.sleep(payload["timeout"])
+        # The agent stops this rank when it sees the other one fail; where it cannot (on Windows
+        # its CTRL_C_EVENT does not reach another process group: torch/distributed/elastic/
+        # multiprocessing/api.py), the rank leaves on its own once the failure marker exists.
+        deadline = time.monotonic() + payload["timeout"]
+        while time.monotonic() < deadline and not Path(MARKER_FILE).exists():
+            time.sleep(0.1)
+        time.sleep(MARKER_GRACE_SECONDS)
         return 1
     extra = {
         "restart_count": attempt,

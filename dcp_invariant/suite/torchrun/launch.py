@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from dcp_invariant.suite import worker
 from dcp_invariant.suite.torchrun import guard
 
 GUARD_REFUSED_EXIT_CODE = 3
@@ -18,6 +19,7 @@ GUARD_REFUSED_EXIT_CODE = 3
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    worker.die_with_parent()
     try:
         guard.install(os.environ.get(guard.ATTESTATION_ENV))
     except guard.GuardError as exc:

@@ -1,0 +1,119 @@
+"""Where a run's artifact goes: reserved before the suite starts, filled at once after it.
+
+Everything that could make the run fail at its very end is checked first (a missing or
+unwritable parent, a name too long for the staging directory, a full disk, a second run into
+the same directory), so minutes of scenarios are never thrown away over it. The artifact is
+written into a staging directory beside the target and renamed into place: a reader sees no
+artifact or a whole one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO
+
+from dcp_invariant.evidence import schema
+from dcp_invariant.suite.workspace import check_free, environment_problem, lock_exclusive
+
+# The staging directory is ".<name>." plus 8 random characters; the lock ".<name>.lock".
+STAGING_EXTRA = 10
+NAME_MAX = 255
+MIN_FREE_BYTES = 16 << 20
+
+
+class OutputDirError(Exception):
+    """The output directory cannot take an artifact; the message says what to change."""
+
+
+class Reservation:
+    """A locked staging directory beside ``target``; :meth:`fill` renames it into place."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        parent = target.parent
+        _check(target)
+        try:
+            check_free(parent, "the output directory's parent", MIN_FREE_BYTES)
+        except Exception as exc:
+            raise OutputDirError(str(exc)) from exc
+        self._lock_path = parent / f".{target.name}.lock"
+        try:
+            self._lock: IO[bytes] | None = open(self._lock_path, "ab")  # noqa: SIM115
+            lock_exclusive(self._lock)
+        except BlockingIOError as exc:
+            raise OutputDirError(
+                f"another dcp-invariant run is writing {target}: wait for it or choose another "
+                "--output-dir"
+            ) from exc
+        except OSError as exc:
+            raise OutputDirError(str(environment_problem(exc, f"{parent}"))) from exc
+        try:
+            self.stage: Path | None = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+        except OSError as exc:
+            self.release()
+            raise OutputDirError(str(environment_problem(exc, f"{parent}"))) from exc
+
+    def fill(self, files: dict[str, bytes]) -> None:
+        """Write ``files`` into the stage and rename it to the target, which must still be free."""
+        assert self.stage is not None, "a reservation is filled once"
+        for sub in schema.ARTIFACT_DIRS:
+            (self.stage / sub).mkdir()
+        for rel, data in sorted(files.items()):
+            # Binary mode: LF line endings on every platform.
+            (self.stage / rel).write_bytes(data)
+        target = self.target
+        if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+            target.rmdir()  # an empty directory the caller made (``mktemp -d``) is taken
+        if target.exists() or target.is_symlink():
+            raise FileExistsError(f"{target} appeared while the suite ran; nothing was written")
+        os.rename(self.stage, target)
+        self.stage = None
+
+    def release(self) -> None:
+        """Remove the stage (unless filled) and the lock; safe to call more than once."""
+        if getattr(self, "stage", None) is not None:
+            assert self.stage is not None
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+            with contextlib.suppress(OSError):
+                self._lock_path.unlink()
+
+
+def _check(target: Path) -> None:
+    parent = target.parent
+    if target.is_symlink() or (
+        target.exists() and not (target.is_dir() and not any(target.iterdir()))
+    ):
+        raise OutputDirError(
+            f"{target} already exists and is not an empty directory: choose a new --output-dir "
+            "(nothing is overwritten)"
+        )
+    if parent.exists() and not parent.is_dir():
+        raise OutputDirError(f"{parent} is not a directory: choose another --output-dir")
+    if not parent.is_dir():
+        raise OutputDirError(f"{parent} does not exist: create it or choose another --output-dir")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{parent} is not writable: choose another --output-dir")
+    limit = _name_max(parent) - STAGING_EXTRA
+    if len(os.fsencode(target.name)) > limit:
+        raise OutputDirError(
+            f"the output directory's name is {len(os.fsencode(target.name))} bytes; at most "
+            f"{limit} leave room for its staging directory: choose a shorter --output-dir"
+        )
+
+
+def _name_max(directory: Path) -> int:
+    if sys.platform == "win32":
+        return NAME_MAX
+    try:
+        return int(os.pathconf(directory, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return NAME_MAX

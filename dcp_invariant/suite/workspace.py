@@ -1,0 +1,169 @@
+"""The run's workspace: a locked temp directory, checked before use and removed after it.
+
+Every scenario writes its checkpoints, logs and worker temp files here, never in the caller's
+directories. A runner killed with SIGKILL cannot remove its workspace; its lock dies with it,
+so the next run finds the workspace unlocked and removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+PREFIX = "dcp-invariant-"
+LOCK_FILE = ".lock"
+# Checkpoints of the registered suite take a few MiB; a user's fixture may take more.
+MIN_FREE_BYTES = 64 << 20
+# AF_UNIX socket paths are limited to 108 bytes on Linux and 104 on macOS (sys/un.h); the fork
+# server's socket lies two levels below the temp directory.
+MAX_SOCKET_PARENT = 60
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+class EnvironmentProblem(Exception):
+    """The machine, not the checkpoint under test, is at fault: bad input, exit 2."""
+
+
+def environment_problem(exc: OSError, where: str) -> EnvironmentProblem:
+    return EnvironmentProblem(
+        f"{where}: {exc.strerror or exc} ({exc.filename or 'no file named'}): free space or fix "
+        "the permissions there, or point TMPDIR at another directory"
+    )
+
+
+class Workspace:
+    """``with Workspace() as path:`` a fresh, locked directory under the temp directory."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self._lock: IO[bytes] | None = None
+
+    def __enter__(self) -> Path:
+        parent = Path(tempfile.gettempdir())
+        check_free(parent, "the temp directory")
+        sweep_stale(parent)
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
+            self._lock = open(self.path / LOCK_FILE, "wb")
+        except OSError as exc:
+            raise environment_problem(exc, f"the temp directory {parent}") from exc
+        lock_exclusive(self._lock)
+        _short_socket_directory(parent)
+        return self.path
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._lock is not None:
+            self._lock.close()
+        if self.path is not None:
+            remove(self.path)
+
+
+def check_free(directory: Path, what: str, needed: int = MIN_FREE_BYTES) -> None:
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError as exc:
+        raise environment_problem(exc, what) from exc
+    if free < needed:
+        raise EnvironmentProblem(
+            f"{what} {directory} has {free >> 20} MiB free, the run needs {needed >> 20} MiB: "
+            "free space there or point TMPDIR at another directory"
+        )
+
+
+def sweep_stale(parent: Path) -> list[Path]:
+    """Remove workspaces whose runner died (their lock is free); return what was removed."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in parent.iterdir():
+            if entry.name.startswith(PREFIX) and _unlocked(entry / LOCK_FILE):
+                remove(entry)
+                removed.append(entry)
+    return removed
+
+
+def remove(path: Path) -> None:
+    """Remove a workspace, read-only generations included."""
+
+    def writable_then_retry(function: object, name: str, _: object) -> None:
+        os.chmod(os.path.dirname(name), 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(name, 0o700)
+        if os.path.isdir(name) and not os.path.islink(name):
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+
+    shutil.rmtree(path, onerror=writable_then_retry)
+
+
+def lock_exclusive(handle: IO[bytes]) -> None:
+    """Lock ``handle``'s file for this process's lifetime; BlockingIOError if someone holds it.
+
+    The kernel drops the lock when the process dies, however it dies.
+    """
+    if sys.platform == "win32":
+        import msvcrt
+
+        try:
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError as exc:
+            raise BlockingIOError(*exc.args) from exc
+    else:
+        import fcntl
+
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _unlocked(lock_path: Path) -> bool:
+    """True only when the lock file exists and nobody holds it."""
+    try:
+        handle = open(lock_path, "rb+")  # noqa: SIM115 (closed below)
+    except OSError:
+        return False  # no lock file yet: a workspace being created, or not ours
+    try:
+        lock_exclusive(handle)
+    except OSError:
+        return False
+    finally:
+        handle.close()
+    return True
+
+
+def _short_socket_directory(parent: Path) -> None:
+    """Keep the fork server's socket path short when the temp directory's path is long.
+
+    multiprocessing puts its socket in a ``pymp-*`` directory under the temp directory, and a
+    long TMPDIR makes ``bind`` fail with "AF_UNIX path too long". Its directory is chosen once
+    per process, on first use, so choosing it here under a short parent is enough.
+    """
+    if sys.platform == "win32" or len(str(parent)) <= MAX_SOCKET_PARENT:
+        return
+    from multiprocessing import util
+
+    short_parent = next(
+        (d for d in ("/tmp", "/var/tmp") if os.path.isdir(d) and os.access(d, os.W_OK)), None
+    )
+    if short_parent is None:
+        return
+    holder = tempfile.mkdtemp(prefix="dcpi-", dir=short_parent)
+    saved, tempfile.tempdir = tempfile.tempdir, holder
+    try:
+        util.get_temp_dir()  # cached for this process from now on
+    finally:
+        tempfile.tempdir = saved
+    # multiprocessing removes its pymp-* directory in an exit finalizer of priority -100; this
+    # one, at -101, runs after it.
+    util.Finalize(None, shutil.rmtree, args=(holder, True), exitpriority=-101)
