@@ -1,0 +1,104 @@
+"""The output directory is checked, locked and staged before any scenario runs."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections import namedtuple
+
+import pytest
+
+from dcp_invariant import cli
+from dcp_invariant.suite import output_dir, runner
+from dcp_invariant.suite.output_dir import OutputDirError, Reservation
+
+REVISION = "a" * 40
+
+
+@pytest.fixture(autouse=True)
+def suite_must_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(**kwargs: object) -> None:
+        raise AssertionError("reached runner.run_suite")
+
+    monkeypatch.setattr(runner, "run_suite", refuse)
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = cli.main(["run", "--source-revision", REVISION, *args])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def test_a_name_too_long_for_the_staging_directory_is_refused_at_once(tmp_path, capsys) -> None:
+    code, err = run(capsys, "--output-dir", str(tmp_path / ("x" * 250)))
+    assert code == 2 and "leave room for its staging directory" in err
+    assert len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_parent_that_is_a_file_is_named_as_such(tmp_path, capsys) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    code, err = run(capsys, "--output-dir", str(tmp_path / "file" / "out"))
+    assert code == 2 and "file is not a directory" in err
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "0", "-1", "86401"])
+def test_a_timeout_out_of_range_is_refused(tmp_path, capsys, value) -> None:
+    code, err = run(capsys, "--output-dir", str(tmp_path / "out"), "--timeout", value)
+    assert code == 2 and "--timeout must be a number of seconds from 0 to 86400" in err
+
+
+def test_a_deleted_working_directory_is_one_line(tmp_path, capsys) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    here = os.getcwd()
+    os.chdir(gone)
+    try:
+        gone.rmdir()
+        code, err = run(capsys, "--output-dir", str(tmp_path / "out"))
+    finally:
+        os.chdir(here)
+    assert code == 2 and "the current directory no longer exists" in err
+
+
+def test_a_full_disk_is_refused_before_the_suite(tmp_path, monkeypatch, capsys) -> None:
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+    code, err = run(capsys, "--output-dir", str(tmp_path / "out"))
+    assert code == 2 and "has 1 MiB free, the run needs 16 MiB" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_reservation_of_one_directory_is_refused_and_the_first_releases(tmp_path) -> None:
+    target = tmp_path / "out"
+    first = Reservation(target)
+    with pytest.raises(OutputDirError, match="another dcp-invariant run is writing"):
+        Reservation(target)
+    first.release()
+    second = Reservation(target)
+    second.fill({"summary.json": b"{}\n"})
+    second.release()
+    assert (target / "summary.json").read_bytes() == b"{}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no stage, no lock left
+
+
+def test_an_empty_target_directory_is_taken_and_a_filled_one_is_not(tmp_path) -> None:
+    target = tmp_path / "out"
+    target.mkdir()
+    reservation = Reservation(target)
+    (target / "late").write_bytes(b"")  # someone wrote into it while the suite ran
+    with pytest.raises(FileExistsError):
+        reservation.fill({"summary.json": b"{}\n"})
+    reservation.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_unwritable_parent_is_an_environment_problem(tmp_path, monkeypatch) -> None:
+    def no_space(*args: object, **kwargs: object) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
+
+    monkeypatch.setattr(output_dir.tempfile, "mkdtemp", no_space)
+    with pytest.raises(OutputDirError, match="No space left on device"):
+        Reservation(tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
