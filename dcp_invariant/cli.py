@@ -242,7 +242,7 @@ def _run_and_write(
 ) -> int:
     from dcp_invariant import runtimes
     from dcp_invariant.evidence import artifact, provenance
-    from dcp_invariant.suite import runner, workspace
+    from dcp_invariant.suite import pool, runner, workspace
 
     def progress(done: runner.Finished) -> None:
         print(
@@ -259,6 +259,7 @@ def _run_and_write(
         runtimes.UnsupportedRuntime,
         runner.FixtureProblem,
         workspace.EnvironmentProblem,
+        pool.StartMethodError,
     ) as exc:
         raise UsageError(str(exc)) from exc
     except runner.FixtureTimeout as exc:

@@ -1,9 +1,11 @@
 """Launching groups of fresh worker processes, each with a deadline, always reaped.
 
-Process start-up dominates the suite: one ``import torch`` costs about a second here. A fork
-server that has preloaded torch hands out fresh processes in milliseconds; they share no
-training state with anything, which is what a resume test needs from "fresh". Where fork is
-unavailable (Windows) each worker is spawned as a new interpreter instead.
+Process start-up dominates the suite: one ``import torch`` costs about a second here. On Linux
+a fork server that has preloaded torch hands out fresh processes in milliseconds; they share
+no training state with anything, which is what a resume test needs from "fresh". Where there
+is no fork server (Windows), or forking a process that loaded system frameworks is unsafe
+(macOS: CPython defaults to spawn there for that reason), workers are spawned interpreters that
+were started ahead, imported torch while other scenarios ran, and take exactly one job each.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ PRELOAD = [
     "torch.profiler._cupti_monitor",
     "torch.utils.serialization",
 ]
+# How many spawned workers wait, imported and idle, for their one job.
+STANDBY = 2
+START_METHOD_ENV = "DCP_INVARIANT_START_METHOD"
+START_METHODS = ("forkserver", "spawn")
 # After the first rank fails, how long the others get to notice before they are killed.
 FAILURE_GRACE_SECONDS = 10.0
 # An interrupt must leave no process within 2 s: how long a killed process gets to be reaped.
@@ -70,15 +76,34 @@ class Cancelled(Exception):
     """The run is being interrupted: no new group starts."""
 
 
+class StartMethodError(ValueError):
+    """DCP_INVARIANT_START_METHOD names no usable start method (bad input)."""
+
+
+def start_method() -> str:
+    """The fork server on Linux, spawned standbys elsewhere; ``DCP_INVARIANT_START_METHOD`` forces one."""
+    forced = os.environ.get(START_METHOD_ENV, "")
+    if forced:
+        if forced not in START_METHODS:
+            raise StartMethodError(
+                f"{START_METHOD_ENV}={forced!r}: use one of {', '.join(START_METHODS)} or unset it"
+            )
+        if forced not in multiprocessing.get_all_start_methods():
+            raise StartMethodError(f"{START_METHOD_ENV}={forced!r}: this platform has no {forced}")
+        return forced
+    return "forkserver" if sys.platform == "linux" else "spawn"
+
+
 class WorkerPool:
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, method: str | None = None) -> None:
         self.timeout = timeout
         self.cancelled = False
         self._lock = threading.Lock()
         self._live: set[Any] = set()  # started worker processes and the torchrun agent
-        methods = multiprocessing.get_all_start_methods()
-        self.method = "forkserver" if "forkserver" in methods else "spawn"
+        self.method = method or start_method()
         self._ctx: Any = multiprocessing.get_context(self.method)
+        self._standby: list[tuple[Any, Any]] = []  # (process, connection) of idle spawned workers
+        self._home: Path | None = None
         if self.method == "forkserver":
             self._ctx.set_forkserver_preload(PRELOAD)
 
@@ -90,13 +115,16 @@ class WorkerPool:
         starts, so the environment is swapped only around that moment, before any scenario thread
         exists.
         """
-        if self.method != "forkserver":
-            return
-        from multiprocessing import forkserver
-
         workdir.mkdir()
         for sub in ("home", "tmp"):
             (workdir / sub).mkdir()
+        if self.method != "forkserver":
+            self._home = workdir
+            with self._lock:
+                self._refill(STANDBY)
+            return
+        from multiprocessing import forkserver
+
         isolated = worker.isolated_environment(workdir)
         saved = {key: os.environ.get(key) for key in isolated}
         os.environ.update(isolated)
@@ -115,19 +143,26 @@ class WorkerPool:
         for sub in ("results", "logs", "pg", "home", "tmp"):
             (workdir / sub).mkdir(exist_ok=True)
         self._refuse_if_cancelled()
-        procs = [
-            self._ctx.Process(
-                target=worker.forked,
-                args=(task, rank, world_size, str(workdir), group, payload, self.timeout),
-                name=f"dcp-invariant-{group}-{rank}",
-                daemon=True,
-            )
+        jobs = [
+            (task, rank, world_size, str(workdir), group, payload, self.timeout)
             for rank in range(world_size)
         ]
         with self._lock:
-            for proc in procs:
-                proc.start()
-                self._live.add(proc)
+            if self.method == "forkserver":
+                procs = [
+                    self._ctx.Process(
+                        target=worker.forked,
+                        args=job,
+                        name=f"dcp-invariant-{group}-{job[1]}",
+                        daemon=True,
+                    )
+                    for job in jobs
+                ]
+                for proc in procs:
+                    proc.start()
+            else:
+                procs = self._hand_out(jobs)
+            self._live.update(procs)
         try:
             timed_out = _wait(procs, self.timeout)
         finally:
@@ -149,6 +184,31 @@ class WorkerPool:
             logs=[workdir / worker.log_path(group, r) for r in range(world_size)],
         )
 
+    def _refill(self, count: int) -> None:
+        """Start spawned standbys up to ``count`` idle ones (caller holds the lock)."""
+        assert self._home is not None, "start() the pool first"
+        while len(self._standby) < count:
+            reader, writer = self._ctx.Pipe(duplex=False)
+            proc = self._ctx.Process(
+                target=worker.standby,
+                args=(reader, str(self._home), PRELOAD),
+                name="dcp-invariant-standby",
+                daemon=True,
+            )
+            proc.start()
+            reader.close()
+            self._standby.append((proc, writer))
+
+    def _hand_out(self, jobs: list[tuple[Any, ...]]) -> list[Any]:
+        """Give each job to its own standby (starting more if too few wait), then refill."""
+        self._refill(len(jobs))
+        taken, self._standby = self._standby[: len(jobs)], self._standby[len(jobs) :]
+        for (_, conn), job in zip(taken, jobs, strict=True):
+            conn.send(job)
+            conn.close()
+        self._refill(STANDBY)
+        return [proc for proc, _ in taken]
+
     def track(self, proc: subprocess.Popen[bytes]) -> None:
         """Let :meth:`cancel` reach a process the pool did not start itself (the torchrun agent)."""
         with self._lock:
@@ -168,6 +228,7 @@ class WorkerPool:
         with self._lock:
             self.cancelled = True
             live = list(self._live)
+            self._stop_standby()
         for proc in live:
             if isinstance(proc, subprocess.Popen):
                 kill_process_tree(proc)
@@ -184,8 +245,19 @@ class WorkerPool:
         if self.cancelled:
             raise Cancelled("the run is being interrupted")
 
+    def _stop_standby(self) -> None:
+        """Idle standbys have no job: closing their pipe ends them; kill any still importing."""
+        for proc, conn in self._standby:
+            conn.close()
+            proc.kill()
+        for proc, _ in self._standby:
+            proc.join(CANCEL_GRACE_SECONDS)
+        self._standby = []
+
     def close(self) -> None:
         if self.method != "forkserver":
+            with self._lock:
+                self._stop_standby()
             return
         # The fork server and its resource tracker live until interpreter exit; stop them now so
         # an in-process caller (a test) is left with no stray process. Both _stop() methods are

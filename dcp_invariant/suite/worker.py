@@ -115,6 +115,29 @@ def run(
         dist.destroy_process_group()
 
 
+def standby(conn: Any, home: str, preload: list[str]) -> None:
+    """A spawned interpreter that imports what workers need, then waits for its one job.
+
+    Spawning costs a whole interpreter start and ``import torch``; done ahead, while other
+    scenarios run, a spawned worker is handed out as fast as a forked one and is as fresh:
+    nothing ran in it but imports. It takes one job and exits; it is never reused.
+    """
+    die_with_parent()
+    os.environ.update(isolated_environment(Path(home)))
+    tempfile.tempdir = None
+    for module in preload:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue  # as the fork server does: a module another torch release lacks
+    try:
+        job = conn.recv()
+    except EOFError:
+        return  # the pool closed without a job for this one
+    conn.close()
+    forked(*job)
+
+
 def forked(
     task: str,
     rank: int,
