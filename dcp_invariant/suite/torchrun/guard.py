@@ -38,11 +38,11 @@ def install(attestation_path: str | None = None) -> dict[str, Any]:
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as backend
 
     distribution = importlib.metadata.version("torch")
-    runtime = runtimes.find(distribution, str(torch.__version__))
+    runtime = runtimes.find(distribution, str(torch.__version__), sys.platform)
     if runtime is None:
         raise GuardError(
             f"torch {distribution}/{torch.__version__} is not a registered runtime "
-            f"({runtimes.registered_pairs()}); refusing to patch its rendezvous"
+            f"here ({runtimes.registered_pairs(sys.platform)}); refusing to patch its rendezvous"
         )
     creator = backend._create_tcp_store
     source = inspect.getsource(creator).encode("utf-8")
