@@ -61,6 +61,25 @@ def loopback_interface() -> str | None:
     return None
 
 
+def loopback_gloo_options() -> Any:
+    """Gloo options whose one device binds 127.0.0.1, on every platform.
+
+    Gloo otherwise binds the address the host name resolves to, unless GLOO_SOCKET_IFNAME names
+    an interface, and interface names differ per OS (``lo``, ``lo0``, and on Windows names like
+    ``loopback_0``). ``ProcessGroupGloo.create_device(hostname=...)`` binds an address instead
+    (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp). None where this torch lacks the options
+    type: GLOO_SOCKET_IFNAME from :func:`isolated_environment` then applies.
+    """
+    from torch._C._distributed_c10d import ProcessGroupGloo
+
+    options_type = getattr(ProcessGroupGloo, "_Options", None)
+    if options_type is None:
+        return None
+    options = options_type()
+    options._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return options
+
+
 def die_with_parent() -> None:
     """Have the kernel kill this process when its parent dies (Linux: ``PR_SET_PDEATHSIG``).
 
@@ -103,7 +122,12 @@ def run(
     # A FileStore needs no port: only Gloo's own sockets listen, on loopback.
     store = FileStore(f"pg/{group}", world_size)
     dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout),
+        pg_options=loopback_gloo_options(),
     )
     try:
         fn(rank, world_size, payload, report)
