@@ -5,9 +5,12 @@ handful of expression forms the action uses (and raises on any other, so it cann
 approve something it does not understand), runs each ``run:`` step with bash, and skips
 ``uses:`` steps, recording whether they would have run and with what.
 
-Nothing here touches the network or torch: a ``python`` shim first on PATH logs ``pip install``
-instead of installing, and stands in for ``dcp_invariant run`` by copying a prepared artifact
-(after importing a ``--fixture`` module from the current directory, as ``run`` does).
+Nothing here touches the network or torch: a ``python`` shim first on PATH stands in for the
+caller's Python. Its ``-m venv`` makes a stand-in environment whose interpreters are the shim
+again (as ``venv``); ``pip install`` and ``uv pip install`` are logged instead of installing (the
+caller's Python can be made to refuse ``pip install`` as an externally managed one does), and
+``dcp_invariant run`` copies a prepared artifact (after importing a ``--fixture`` module from the
+current directory, as ``run`` does). Every invocation is logged with the interpreter that ran it.
 ``github-report`` and ``verify`` run the real package.
 """
 
@@ -40,20 +43,57 @@ REPO = Path(__file__).resolve().parents[1]
 ACTION = REPO / "action.yml"
 STEP_TIMEOUT = 120
 SHA = "0123456789abcdef0123456789abcdef01234567"
-RUNNER = {"GITHUB_JOB": "integration", "RUNNER_OS": "Linux", "GITHUB_RUN_ATTEMPT": "7"}
+RUNNER = {
+    "GITHUB_JOB": "integration",
+    "RUNNER_OS": "Linux",
+    "RUNNER_ARCH": "X64",
+    "ImageOS": "ubuntu24",
+    "GITHUB_RUN_ATTEMPT": "7",
+}
 PYTHON_XY = f"{sys.version_info.major}.{sys.version_info.minor}"
 STEP_KEYS = {"name", "id", "if", "uses", "with", "shell", "env", "run"}
 
 SHIM = """\
 #!/usr/bin/env bash
-# `python` for the simulated runner. Only two invocations are faked; the rest is the real one.
+# `python` for the simulated runner. A few invocations are faked; the rest is the real one.
+# role: caller (the Python on PATH), setup-python (what actions/setup-python set up), or venv
+# (an interpreter of an environment that this shim's `-m venv` made).
 set -euo pipefail
 real={real}
+role={role}
+# Every invocation, one line, tab-separated: role, the path it was run as, the arguments.
+printf '%s\\t%s\\t' "$role" "$0" >> "$DCP_TEST_CALL_LOG"
+printf '%s\\t' "$@" >> "$DCP_TEST_CALL_LOG"
+printf '\\n' >> "$DCP_TEST_CALL_LOG"
+if [ "$#" -ge 2 ] && [ "$1" = -m ] && [ "$2" = venv ]; then
+  # An environment whose interpreters (both layouts) are this shim as role venv; no pip, no uv.
+  dir=${{!#}}
+  mkdir -p "$dir/bin" "$dir/Scripts"
+  printf 'home = %s\\n' "$(dirname "$0")" > "$dir/pyvenv.cfg"
+  sed 's/^role=.*$/role=venv/' "$0" > "$dir/bin/python"
+  cp "$dir/bin/python" "$dir/Scripts/python.exe"
+  chmod 755 "$dir/bin/python" "$dir/Scripts/python.exe"
+  exit 0
+fi
 if [ "$#" -ge 3 ] && [ "$1" = -m ] && [ "$2" = pip ] && [ "$3" = install ]; then
-  # No network: record what would be installed, one invocation per line, tab-separated.
-  shift 3
-  printf '%s\\t' "$@" >> "$DCP_TEST_PIP_LOG"
-  printf '\\n' >> "$DCP_TEST_PIP_LOG"
+  if [ "$role" != venv ] && [ -n "${{DCP_TEST_EXTERNALLY_MANAGED:-}}" ]; then
+    # What pip says on a Python marked EXTERNALLY-MANAGED (PEP 668), e.g. ubuntu-24.04's.
+    echo "error: externally-managed-environment" >&2
+    exit 1
+  fi
+  # No network: the call log says what would have been installed.
+  for arg in "$@"; do
+    case "$arg" in
+      uv==*) touch "$(dirname "$(dirname "$0")")/uv-installed" ;;
+    esac
+  done
+  exit 0
+fi
+if [ "$#" -ge 2 ] && [ "$1" = -m ] && [ "$2" = uv ]; then
+  if [ "$role" != venv ] || [ ! -e "$(dirname "$(dirname "$0")")/uv-installed" ]; then
+    echo "$0: No module named uv" >&2
+    exit 1
+  fi
   exit 0
 fi
 if [ "$#" -ge 3 ] && [ "$1" = -m ] && [ "$2" = dcp_invariant ] && [ "$3" = run ]; then
@@ -82,9 +122,12 @@ try:
 except (ImportError, AttributeError) as error:
     sys.exit(f"dcp-invariant: error: fixture {{sys.argv[1]}}: {{error}}")' "$fixture" || exit 2
   fi
-  # copytree refuses an existing directory, as `run` does; Python copes with Windows paths.
-  "$real" -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])' \\
-    "$DCP_TEST_SUITE_ARTIFACT" "$output_dir"
+  # No prepared artifact: a suite that writes nothing (a refused runtime, say).
+  if [ -e "$DCP_TEST_SUITE_ARTIFACT" ]; then
+    # copytree refuses an existing directory, as `run` does; Python copes with Windows paths.
+    "$real" -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])' \\
+      "$DCP_TEST_SUITE_ARTIFACT" "$output_dir"
+  fi
   exit "$DCP_TEST_SUITE_EXIT"
 fi
 exec "$real" "$@"
@@ -186,13 +229,35 @@ class StepRun:
     with_: dict[str, str] = field(default_factory=dict)  # resolved `with:` of a `uses:` step
 
 
+@dataclass(frozen=True)
+class Call:
+    """One invocation of a stand-in interpreter."""
+
+    role: str  # caller, setup-python or venv
+    path: str  # what it was run as
+    args: list[str]
+
+
 @dataclass
 class ActionRun:
     steps: list[StepRun]
     outputs: dict[str, str]  # the action's declared outputs, resolved
     workspace: Path
-    pip_log: list[list[str]]
+    temp: Path  # $RUNNER_TEMP
+    calls: list[Call]
     suite_log: list[list[str]]
+
+    def installs(self, *module: str) -> list[Call]:
+        """Calls of ``-m MODULE... install``, e.g. ``installs("pip")``, ``installs("uv", "pip")``."""
+        prefix = ["-m", *module, "install"]
+        return [c for c in self.calls if c.args[: len(prefix)] == prefix]
+
+    @property
+    def uv_install(self) -> list[str]:
+        """The arguments of the one ``uv pip install``."""
+        found = self.installs("uv", "pip")
+        assert len(found) == 1, found
+        return found[0].args[4:]
 
     @property
     def summary(self) -> str:
@@ -222,8 +287,8 @@ class ActionRun:
         return self.running("dcp_invariant run")
 
     @property
-    def torch_install(self) -> StepRun:
-        return self.running("torch==")
+    def install(self) -> StepRun:
+        return self.running("uv pip install")
 
 
 def parse_output_file(text: str) -> dict[str, str]:
@@ -253,6 +318,31 @@ def read_log(path: Path) -> list[list[str]]:
     return [line.rstrip("\t").split("\t") for line in path.read_text().splitlines()]
 
 
+def native(path: str) -> str:
+    """A path in one spelling, to compare: on Windows bash may say /c/x for C:\\x, and / for \\."""
+    if sys.platform == "win32" and (match := re.fullmatch(r"/([a-zA-Z])/(.*)", path)):
+        path = f"{match[1]}:/{match[2]}"
+    return os.path.normcase(os.path.normpath(path))
+
+
+def read_calls(path: Path) -> list[Call]:
+    calls = []
+    for line in read_log(path):
+        role, invoked, *args = line
+        calls.append(Call(role, native(invoked), [a for a in args if a]))
+    return calls
+
+
+def write_shim(path: Path, role: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        SHIM.format(real=shlex.quote(Path(sys.executable).as_posix()), role=role),
+        encoding="utf-8",
+        newline="\n",
+    )
+    path.chmod(0o755)
+
+
 def run_action(
     root: Path,
     *,
@@ -260,23 +350,31 @@ def run_action(
     suite_artifact: Path | None = None,
     suite_exit: int = 0,
     prepare: Callable[[Path], None] | None = None,
+    runner: Mapping[str, str] = {},
+    externally_managed: bool = False,
+    earlier_runs: int = 0,
 ) -> ActionRun:
-    """Run action.yml's steps as a runner would, in ``root/workspace``."""
+    """Run action.yml's steps as a runner would, in ``root/workspace``.
+
+    ``runner`` overrides runner variables (RUNNER_OS); ``externally_managed`` makes the caller's
+    Python refuse ``pip install`` as a PEP 668 one does; ``earlier_runs`` leaves that many
+    environments of earlier uses of the action in this job in ``$RUNNER_TEMP``.
+    """
     action = load_action()
     workspace, temp, shim_dir, files = (root / d for d in ("workspace", "temp", "shim", "files"))
     for d in (workspace, temp, shim_dir, files):
         d.mkdir()
     if prepare is not None:
         prepare(workspace)
-    pip_log, suite_log = files / "pip.log", files / "suite.log"
+    for n in range(1, earlier_runs + 1):
+        (temp / f"dcp-invariant-venv-{n}").mkdir()
+    call_log, suite_log = files / "calls.log", files / "suite.log"
 
-    shim = shim_dir / "python"
-    shim.write_text(
-        SHIM.format(real=shlex.quote(Path(sys.executable).as_posix())),
-        encoding="utf-8",
-        newline="\n",
-    )
-    shim.chmod(0o755)
+    # The caller's Python, first on PATH, and the one actions/setup-python would set up (off PATH).
+    write_shim(shim_dir / "python", "caller")
+    setup_python = root / "toolcache" / "python"
+    write_shim(setup_python, "setup-python")
+    stand_in_outputs = {"actions/setup-python": {"python-path": setup_python.as_posix()}}
 
     env = {
         k: v
@@ -284,13 +382,15 @@ def run_action(
         if not k.startswith(("GITHUB_", "RUNNER_", "INPUT_", "DCP_TEST_"))
     }
     env.update(RUNNER)
+    env.update(runner)
     env.update(
         {
             "GITHUB_ACTIONS": "true",
             "GITHUB_ACTION_PATH": str(REPO),
             "GITHUB_WORKSPACE": str(workspace),
             "GITHUB_SHA": SHA,
-            "RUNNER_TEMP": str(temp),
+            # Forward slashes, as bash on Windows surely runs programs by such paths.
+            "RUNNER_TEMP": temp.as_posix(),
             "PATH": str(shim_dir) + os.pathsep + os.environ.get("PATH", ""),
             # The faked install would have made the package under test importable.
             "PYTHONPATH": os.pathsep.join(
@@ -298,12 +398,14 @@ def run_action(
             ),
             # Should a pip get past the shim anyway, it must not reach an index.
             "PIP_NO_INDEX": "1",
-            "DCP_TEST_PIP_LOG": pip_log.as_posix(),
+            "DCP_TEST_CALL_LOG": call_log.as_posix(),
             "DCP_TEST_SUITE_LOG": suite_log.as_posix(),
-            "DCP_TEST_SUITE_ARTIFACT": str(suite_artifact or files / "no-suite-expected"),
+            "DCP_TEST_SUITE_ARTIFACT": str(suite_artifact or files / "no-suite-artifact"),
             "DCP_TEST_SUITE_EXIT": str(suite_exit),
         }
     )
+    if externally_managed:
+        env["DCP_TEST_EXTERNALLY_MANAGED"] = "1"
 
     context = Context(inputs={}, sha=SHA)
     declared = action.get("inputs") or {}
@@ -319,7 +421,7 @@ def run_action(
         extra = set(step) - STEP_KEYS
         if extra:
             raise UnsupportedExpression(f"step {index} uses keys the harness ignores: {extra}")
-        ran = run_step(index, step, context, env, workspace, files)
+        ran = run_step(index, step, context, env, workspace, files, stand_in_outputs)
         runs.append(ran)
         if ran.outcome == "failure":
             context.failed = True
@@ -331,7 +433,7 @@ def run_action(
         name: context.substitute(spec["value"])
         for name, spec in (action.get("outputs") or {}).items()
     }
-    return ActionRun(runs, outputs, workspace, read_log(pip_log), read_log(suite_log))
+    return ActionRun(runs, outputs, workspace, temp, read_calls(call_log), read_log(suite_log))
 
 
 def run_step(
@@ -341,13 +443,18 @@ def run_step(
     runner_env: dict[str, str],
     workspace: Path,
     files: Path,
+    stand_in_outputs: Mapping[str, dict[str, str]],
 ) -> StepRun:
     if not context.condition(str(step.get("if", ""))):
         return StepRun(index, step, "skipped")
     if "uses" in step:
-        # Not executed; what it would have been given is kept for the tests.
+        # Not executed; what it would have been given is kept for the tests, and it "outputs"
+        # what its stand-in says (actions/setup-python: the interpreter's path).
         with_ = {k: context.substitute(str(v)) for k, v in (step.get("with") or {}).items()}
-        return StepRun(index, step, "success", with_=with_)
+        action = step["uses"].split("@")[0]
+        return StepRun(
+            index, step, "success", with_=with_, outputs=dict(stand_in_outputs.get(action, {}))
+        )
     if step.get("shell") != "bash":
         raise UnsupportedExpression(f"step {index}: the harness runs only shell: bash")
     if "${{" in step["run"]:
@@ -465,12 +572,16 @@ def test_passing_artifact(tmp_path: Path, data_artifact: Path) -> None:
     failures = [(s.index, s.stderr) for s in run.steps if s.outcome == "failure"]
     assert failures == []
 
-    # torch from the CPU index at the default version; the package from the action's checkout.
-    torch = [args for args in run.pip_log if any(a.startswith("torch==") for a in args)]
-    assert len(torch) == 1
-    assert f"torch=={runtimes.DEFAULT_TORCH_VERSION}" in torch[0]
-    assert torch[0][torch[0].index("--index-url") + 1] == runtimes.CPU_INDEX
-    assert any(str(REPO) in args for args in run.pip_log)
+    # One uv install into the private environment: torch's CPU build at the default version,
+    # numpy as the runtime extra pins it, the package from the action's checkout.
+    python = venv_python(run)
+    args = run.uv_install
+    assert native(option(args, "--python")) == python
+    assert f"torch=={runtimes.DEFAULT_TORCH_VERSION}" in args
+    assert "numpy==2.4.6" in args
+    assert str(REPO) in args
+    assert option(args, "--torch-backend") == "cpu"
+    assert "--no-config" in args
 
     # The suite got the default output dir and the commit under test.
     assert len(run.suite_log) == 1
@@ -486,7 +597,9 @@ def test_passing_artifact(tmp_path: Path, data_artifact: Path) -> None:
         "failed": "0",
         "manifest-sha256": hashlib.sha256(manifest).hexdigest(),
         "evidence-dir": str(evidence.resolve()),
+        "python-path": run.outputs["python-path"],
     }
+    assert native(run.outputs["python-path"]) == python
     assert Path(run.outputs["evidence-dir"]).is_absolute()
 
     # The default name is unique per matrix job and per attempt.
@@ -553,11 +666,12 @@ def test_tampered_artifact_is_rejected_without_running_the_suite(
     )
 
     assert run.using("actions/setup-python").outcome == "skipped"
-    assert run.torch_install.outcome == "skipped"
     assert run.suite.outcome == "skipped"
     assert run.suite_log == []
-    assert not any(a.startswith("torch") for args in run.pip_log for a in args)
-    assert any(str(REPO) in args for args in run.pip_log)
+    # Verifying needs no runtime: only the package is installed.
+    assert run.install.outcome == "success"
+    assert str(REPO) in run.uv_install
+    assert not any(a.startswith(("torch", "numpy", "--torch")) for a in run.uv_install)
 
     assert run.report.outcome == "success"
     assert run.outputs["verdict"] == "fail"
@@ -586,6 +700,169 @@ def test_invalid_artifact_name_stops_the_report(tmp_path: Path, data_artifact: P
     assert run.using("actions/upload-artifact").outcome == "skipped"
     # The gate still gives the evidence its verdict.
     assert run.gate.outcome == "success"
+
+
+# --- the private environment -----------------------------------------------------------------
+
+UV_PIN = re.compile(r"uv==\d+\.\d+\.\d+")
+
+
+def venv_python(run: ActionRun, n: int = 1, layout: tuple[str, ...] = ("bin", "python")) -> str:
+    return native(str(run.temp.joinpath(f"dcp-invariant-venv-{n}", *layout)))
+
+
+def option(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_everything_is_installed_into_a_private_environment_under_runner_temp(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    run = run_action(tmp_path, suite_artifact=data_artifact)
+
+    assert [s.index for s in run.steps if s.outcome == "failure"] == []
+    python = venv_python(run)
+    # actions/setup-python sets up the requested Python without putting it on PATH, and that
+    # Python only makes the environment.
+    setup = run.using("actions/setup-python")
+    assert setup.with_ == {"python-version": "3.11", "update-environment": "false"}
+    seeds = [(c.role, *c.args[:-1], native(c.args[-1])) for c in run.calls if c.role != "venv"]
+    venv = native(str(Path(python).parents[1]))
+    assert seeds == [("setup-python", "-m", "venv", "--system-site-packages", venv)]
+    # The caller's Python (first on PATH) is never run, let alone installed into.
+    assert [c for c in run.calls if c.role == "caller"] == []
+
+    # Every later step runs the environment's interpreter: uv (pinned, from PyPI) into it, then
+    # uv installs into it, then the suite, the report and the gate.
+    assert {c.path for c in run.calls if c.role == "venv"} == {python}
+    [pip] = run.installs("pip")
+    assert [a for a in pip.args if UV_PIN.fullmatch(a)] != []
+    assert native(option(run.uv_install, "--python")) == python
+    modules = [c.args[1] for c in run.calls if c.args[:1] == ["-m"]]
+    assert modules == ["venv", "pip", "uv", "dcp_invariant", "dcp_invariant", "dcp_invariant"]
+    ran = [c.args[2] for c in run.calls if c.args[:2] == ["-m", "dcp_invariant"]]
+    assert ran == ["run", "github-report", "verify"]
+    assert native(run.outputs["python-path"]) == python
+    # (run_step asserts no step wrote $GITHUB_ENV or $GITHUB_PATH: later steps are untouched.)
+
+
+def test_empty_python_version_works_on_an_externally_managed_python(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    run = run_action(
+        tmp_path,
+        inputs={"python-version": ""},
+        suite_artifact=data_artifact,
+        externally_managed=True,
+    )
+
+    assert [(s.index, s.stderr) for s in run.steps if s.outcome == "failure"] == []
+    assert run.using("actions/setup-python").outcome == "skipped"
+    # The Python on PATH only makes the environment (venv works on a PEP 668 Python; pip install
+    # into it would not), and everything is installed into that environment.
+    caller = [c for c in run.calls if c.role != "venv"]
+    assert [(c.role, c.args[:3]) for c in caller] == [
+        ("caller", ["-m", "venv", "--system-site-packages"])
+    ]
+    assert {c.path for c in run.installs("pip")} == {venv_python(run)}
+    assert run.outputs["verdict"] == "pass"
+
+    # The stand-in does refuse, so installing into the caller's Python would have failed here.
+    refused = subprocess.run(
+        [BASH, str(tmp_path / "shim" / "python"), "-m", "pip", "install", "numpy==2.4.6"],
+        env={
+            **os.environ,
+            "DCP_TEST_CALL_LOG": str(tmp_path / "files" / "refused.log"),
+            "DCP_TEST_EXTERNALLY_MANAGED": "1",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "externally-managed-environment" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("runner_os", "layout", "cpu_index"),
+    [
+        ("Linux", ("bin", "python"), True),
+        ("Windows", ("Scripts", "python.exe"), True),
+        # PyPI's macOS torch is the CPU build.
+        ("macOS", ("bin", "python"), False),
+    ],
+)
+def test_each_os_gets_its_interpreter_path_and_the_cpu_build(
+    tmp_path: Path,
+    data_artifact: Path,
+    runner_os: str,
+    layout: tuple[str, ...],
+    cpu_index: bool,
+) -> None:
+    if runner_os == "Windows" and sys.platform == "win32":
+        pytest.skip("the stand-in python.exe is a bash script, which Windows will not execute")
+    run = run_action(tmp_path, suite_artifact=data_artifact, runner={"RUNNER_OS": runner_os})
+
+    assert run.gate.outcome == "success", run.gate.stderr
+    python = venv_python(run, layout=layout)
+    assert {c.path for c in run.calls if c.role == "venv"} == {python}
+    args = run.uv_install
+    assert f"torch=={runtimes.DEFAULT_TORCH_VERSION}" in args
+    if cpu_index:
+        # uv sends torch, and only PyTorch's packages, to PyTorch's CPU index.
+        assert option(args, "--torch-backend") == "cpu"
+    else:
+        assert "--torch-backend" not in args
+        assert "--index-url" not in args
+
+
+def test_a_second_use_in_a_job_gets_its_own_environment(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    run = run_action(tmp_path, suite_artifact=data_artifact, earlier_runs=1)
+
+    assert run.gate.outcome == "success"
+    # The first one's python-path output still names an environment nobody rewrote.
+    assert native(run.outputs["python-path"]) == venv_python(run, 2)
+    assert list((run.temp / "dcp-invariant-venv-1").iterdir()) == []
+
+
+# --- nothing to upload ------------------------------------------------------------------------
+
+
+def test_a_suite_that_wrote_nothing_skips_the_upload(tmp_path: Path) -> None:
+    # A refused runtime, say: the suite exits 2 and writes nothing.
+    run = run_action(tmp_path, suite_artifact=None, suite_exit=2)
+
+    assert run.suite.outcome == "failure"
+    assert not (run.workspace / "dcp-invariant-evidence").exists()
+    assert run.report.outcome == "success"
+    assert run.report.outputs["has-evidence"] == "false"
+    assert run.outputs["verdict"] == "fail"
+    assert run.using("actions/upload-artifact").outcome == "skipped"
+    assert run.gate.outcome == "failure"
+
+
+def test_an_empty_output_dir_is_not_uploaded(tmp_path: Path) -> None:
+    run = run_action(
+        tmp_path,
+        inputs={"run-suite": "false", "output-dir": "empty"},
+        prepare=lambda workspace: (workspace / "empty").mkdir(),
+    )
+
+    assert run.report.outputs["has-evidence"] == "false"
+    assert run.using("actions/upload-artifact").outcome == "skipped"
+    assert run.gate.outcome == "failure"
+
+
+def test_written_evidence_is_uploaded_even_when_the_suite_failed(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    run = run_action(tmp_path, suite_artifact=data_artifact, suite_exit=1)
+
+    assert run.suite.outcome == "failure"
+    assert run.report.outputs["has-evidence"] == "true"
+    assert run.using("actions/upload-artifact").outcome == "success"
 
 
 # --- a fixture run ---------------------------------------------------------------------------
@@ -698,4 +975,6 @@ def test_fixture_missing_from_the_workspace_fails_the_suite(
     assert not (run.workspace / "dcp-invariant-evidence").exists()
     assert run.report.outcome == "success"
     assert run.outputs["verdict"] == "fail"
+    # Nothing was written, so nothing is uploaded (no second "No files were found" failure).
+    assert run.using("actions/upload-artifact").outcome == "skipped"
     assert run.gate.outcome == "failure"

@@ -39,8 +39,13 @@ PINNED = {
     ("actions/setup-python", "v7.0.0"): "5fda3b95a4ea91299a34e894583c3862153e4b97",
     ("actions/checkout", "v7.0.1"): "3d3c42e5aac5ba805825da76410c181273ba90b1",
 }
-MATRIX_OS = {"ubuntu-latest", "windows-latest"}
-MATRIX_PYTHON = ["3.11", "3.12", "3.13"]
+# Thirteen jobs: quality on two OSes and every supported Python, integration on every OS the
+# README names and two Pythons, one package-boundary job.
+MATRICES = {
+    "quality": (["ubuntu-latest", "windows-latest"], ["3.11", "3.12", "3.13"]),
+    "integration": (["ubuntu-latest", "windows-latest", "macos-latest"], ["3.11", "3.13"]),
+}
+SUPPORTED_PYTHONS = {"3.11", "3.12", "3.13"}
 ACTION_INPUTS = {
     "torch-version",
     "python-version",
@@ -211,16 +216,36 @@ def test_ci_runs_exactly_three_jobs_expanding_to_thirteen(ci: dict[str, Any]) ->
     assert sum(sizes.values()) == 13
 
 
-@pytest.mark.parametrize("job", ["quality", "integration"])
-def test_matrix_is_both_oses_times_three_pythons(ci: dict[str, Any], job: str) -> None:
+@pytest.mark.parametrize("job", sorted(MATRICES))
+def test_matrix_oses_and_pythons(ci: dict[str, Any], job: str) -> None:
     matrix = ci["jobs"][job]["strategy"]["matrix"]
+    oses, pythons = MATRICES[job]
 
     assert set(matrix) == {"os", "python"}
-    assert set(matrix["os"]) == MATRIX_OS
-    assert len(matrix["os"]) == len(MATRIX_OS)
+    assert matrix["os"] == oses
     # Strings, not floats: unquoted 3.10 would become 3.1, and setup-python would get that.
-    assert matrix["python"] == MATRIX_PYTHON
+    assert matrix["python"] == pythons
     assert all(isinstance(v, str) for v in matrix["python"])
+
+
+def test_every_readme_os_runs_the_action_and_every_python_is_tested(ci: dict[str, Any]) -> None:
+    from ruamel.yaml import YAML
+
+    readme_oses = set()
+    for block in readme_blocks("yaml"):
+        parsed = YAML(typ="safe").load(block)
+        for job in parsed.get("jobs", {}).values() if isinstance(parsed, dict) else []:
+            readme_oses |= set(((job.get("strategy") or {}).get("matrix") or {}).get("os", []))
+    assert {"ubuntu-latest", "windows-latest", "macos-latest"} <= readme_oses
+
+    # The integration job is the one that runs the action (uses: ./) on each OS.
+    assert readme_oses <= set(ci["jobs"]["integration"]["strategy"]["matrix"]["os"])
+    tested = {
+        python
+        for job in ci["jobs"].values()
+        for python in ((job.get("strategy") or {}).get("matrix") or {}).get("python", [])
+    }
+    assert tested == SUPPORTED_PYTHONS
 
 
 def test_every_job_has_a_timeout(ci: dict[str, Any]) -> None:
@@ -299,11 +324,28 @@ def test_integration_self_tests_the_action_and_its_failure_path(ci: dict[str, An
     assert tampered["with"]["run-suite"] == "false"
     assert tampered["with"]["upload"] == "false"
 
-    # ... and the step right after it fails the job unless the gate rejected the evidence.
+    # ... and the step right after it fails the job unless the gate rejected the evidence: the
+    # run failed AND the verifier said fail (an install error also fails the run).
     check = steps[local[1] + 1]
     condition = re.sub(r"^\$\{\{\s*|\s*\}\}$", "", check["if"].strip())
-    assert condition == f"steps.{tampered['id']}.outcome != 'failure'"
+    assert condition == (
+        f"steps.{tampered['id']}.outcome != 'failure' "
+        f"|| steps.{tampered['id']}.outputs.verdict != 'fail'"
+    )
     assert re.search(r"^\s*exit 1\s*$", check["run"], re.MULTILINE)
+
+
+def test_live_tests_use_the_actions_environment(ci: dict[str, Any]) -> None:
+    steps = ci["jobs"]["integration"]["steps"]
+    suite = next(s for s in steps if s.get("uses") == "./")
+    live = [s for s in steps if "pytest -m live" in s.get("run", "")]
+    assert len(live) == 1
+
+    # The action leaves the job's Python alone, so the live tests run its environment's.
+    assert live[0]["env"]["PYTHON"].replace(" ", "") == (
+        f"${{{{steps.{suite['id']}.outputs.python-path}}}}"
+    )
+    assert re.findall(r"(\S+) -m (?:pip|pytest)", live[0]["run"]) == ['"$PYTHON"', '"$PYTHON"']
 
 
 # --- action.yml ------------------------------------------------------------------------------
@@ -408,6 +450,45 @@ def test_upload_step(action: dict[str, Any]) -> None:
     # Evidence of a failed suite is exactly what must be uploaded: the step needs a status
     # function, or GitHub's implicit success() skips it after the suite fails.
     assert "!cancelled()" in upload["if"] or "always()" in upload["if"]
+    # ... but only when the report step found evidence: a suite that wrote nothing must not
+    # add a second "No files were found" failure (test_action_steps.py runs both cases).
+    assert "steps.report.outputs.has-evidence == 'true'" in " ".join(upload["if"].split())
+
+
+def test_action_installs_into_its_own_environment(action: dict[str, Any]) -> None:
+    steps = action_steps(action)
+    setup = [s for s in steps if str(s.get("uses", "")).startswith("actions/setup-python@")]
+    assert len(setup) == 1
+    # The Python it sets up is not put on the caller's PATH.
+    assert str(setup[0]["with"]["update-environment"]).lower() == "false"
+
+    venv = [s for s in steps if s.get("id") == "venv"]
+    assert len(venv) == 1
+    assert "$RUNNER_TEMP/dcp-invariant-venv-" in venv[0]["run"]
+    assert '"$base" -m venv' in venv[0]["run"]
+    # uv from PyPI at an exact version.
+    assert re.fullmatch(r"\d+\.\d+\.\d+", venv[0]["env"]["UV_VERSION"])
+    assert '"uv==$UV_VERSION"' in venv[0]["run"]
+
+    # Every later script runs the environment's interpreter, never a bare python.
+    later = [s for s in steps[steps.index(venv[0]) + 1 :] if "run" in s]
+    assert len(later) == 4
+    for step in later:
+        assert step["env"]["PYTHON"].replace(" ", "") == "${{steps.venv.outputs.python-path}}"
+        interpreters = set(re.findall(r"(\S+) -m \w", step["run"]))
+        assert interpreters == {'"$PYTHON"'}, step["name"]
+
+
+def test_action_installs_the_cpu_build_with_uv(action: dict[str, Any]) -> None:
+    install = [s for s in action_steps(action) if s.get("id") == "install"]
+    assert len(install) == 1
+    script = install[0]["run"]
+
+    assert '"$PYTHON" -m uv pip install' in script
+    assert '--python "$PYTHON"' in script
+    # uv sends torch alone to PyTorch's CPU index off macOS (test_action_steps.py runs each OS).
+    assert "--torch-backend cpu" in script
+    assert '"$RUNNER_OS" != macOS' in script
 
 
 def test_last_step_is_the_offline_gate(action: dict[str, Any]) -> None:
