@@ -7,11 +7,13 @@ Needs the standard library only; imports nothing from the torch-running suite.
 from dcp_invariant.commit.errors import (
     CommitError,
     Failure,
+    LineageError,
     PointerError,
     PromotionRefused,
     ReceiptError,
     ReceiptMismatch,
     SealError,
+    StaleParent,
     StoreError,
 )
 from dcp_invariant.commit.store import CheckpointStore, Generation
@@ -21,10 +23,12 @@ __all__ = [
     "CommitError",
     "Failure",
     "Generation",
+    "LineageError",
     "PointerError",
     "PromotionRefused",
     "ReceiptError",
     "ReceiptMismatch",
     "SealError",
+    "StaleParent",
     "StoreError",
 ]

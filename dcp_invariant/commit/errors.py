@@ -68,3 +68,33 @@ class PromotionRefused(StoreError):
             + "; the pointer was not moved",
             failures,
         )
+
+
+class LineageError(StoreError):
+    """A lineage record that is malformed or forged, or contradicts the pointer or a generation."""
+
+
+class StaleParent(StoreError):
+    """The pointer moved since the candidate was sealed: another promotion won the race.
+
+    Like ``git push`` refusing a non-fast-forward: ``expected`` is the pointer digest the
+    candidate was sealed on, ``actual`` the pointer digest now (``None``: no pointer).
+    """
+
+    def __init__(
+        self, label: str, expected: str | None, actual: str | None, generation: str
+    ) -> None:
+        self.label = label
+        self.expected = expected
+        self.actual = actual
+        self.generation = generation
+        super().__init__(
+            f"refusing to promote {label}: stale parent: it was sealed on pointer "
+            f"{_short(expected)}, but the pointer is now {_short(actual)}; the pointer was not "
+            f"moved and generation {generation[:12]} stays on disk, unselected; resume from the "
+            "pointer and save again"
+        )
+
+
+def _short(digest: str | None) -> str:
+    return "none (empty store)" if digest is None else digest[:12]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,11 @@ class Pointer:
     label: str
     receipt_sha256: str
     sequence: int
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the record's bytes: what a generation built on this pointer names as parent."""
+        return hashlib.sha256(self.encode()).hexdigest()
 
     def encode(self) -> bytes:
         return canonical.dumps(
@@ -59,11 +65,9 @@ class Pointer:
 
 
 def read(path: Path) -> Pointer | None:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return Pointer.decode(raw)
+    """The pointer at ``path``; ``None`` if there is none; a StoreError if it is not a regular file."""
+    raw = durable.read_bytes(path, path.name)
+    return None if raw is None else Pointer.decode(raw)
 
 
 def write(path: Path, pointer: Pointer) -> None:

@@ -9,6 +9,7 @@ SHA-256 names the generation it seals.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -16,12 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcp_invariant import canonical
+from dcp_invariant.commit import durable
 from dcp_invariant.commit.errors import Failure, ReceiptError, ReceiptMismatch, SealError
 
 SCHEMA = "dcp-invariant/receipt/1"
 # DCP's only commit marker: FileSystemWriter.finish() renames it into place last.
 METADATA_FILE = ".metadata"
 CHUNK_BYTES = 1 << 20
+_REGULAR_ONLY = "a checkpoint may hold regular files only"
+# What open(O_NOFOLLOW) gives for a symlink: ELOOP (POSIX), EMLINK (FreeBSD), EFTYPE (NetBSD).
+_SYMLINK_ERRNOS = {errno.ELOOP, errno.EMLINK, getattr(errno, "EFTYPE", errno.ELOOP)}
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,19 @@ def hash_file(path: Path) -> tuple[int, str]:
     size = 0
     buf = bytearray(CHUNK_BYTES)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    # Whatever the caller saw, the entry may have been swapped since: open without following a
+    # symlink or waiting for a FIFO's writer, and refuse what was opened unless it is regular.
+    try:
+        fd = os.open(path, os.O_RDONLY | durable.NOFOLLOW | durable.NONBLOCK | durable.BINARY)
+    except OSError as exc:
+        if exc.errno not in _SYMLINK_ERRNOS:
+            raise
+        raise SealError(f"{canonical.printable(path.name)}: is a symlink; {_REGULAR_ONLY}") from exc
+    with open(fd, "rb", buffering=0) as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            shown = canonical.printable(path.name)
+            raise SealError(f"{shown}: is a {durable.kind(mode)}; {_REGULAR_ONLY}")
         while n := f.readinto(buf):
             h.update(view[:n])
             size += n
@@ -132,7 +149,11 @@ def check(directory: Path, receipt: Receipt) -> list[Failure]:
         if st.st_size != entry.size:
             failures.append(Failure(name, "size"))
             continue
-        size, sha = hash_file(directory / name)
+        try:
+            size, sha = hash_file(directory / name)
+        except SealError:
+            failures.append(Failure(name, "not a regular file"))
+            continue
         if size != entry.size:
             failures.append(Failure(name, "size"))
         elif sha != entry.sha256:
@@ -156,26 +177,11 @@ def _regular_files(directory: Path) -> list[str]:
         st = entry.stat(follow_symlinks=False)
         shown = canonical.printable(entry.name)
         if not stat.S_ISREG(st.st_mode):
-            kind = _kind(st.st_mode)
-            raise SealError(f"{shown}: is a {kind}; a checkpoint may hold regular files only")
+            raise SealError(f"{shown}: is a {durable.kind(st.st_mode)}; {_REGULAR_ONLY}")
         if shown != entry.name:
             raise SealError(f"{shown}: file name is not valid UTF-8; DCP never writes such names")
         names.append(entry.name)
     return sorted(names)
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "symlink"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISSOCK, "socket"),
-    ):
-        if test(mode):
-            return name
-    return "non-regular file"
 
 
 def _valid_name(name: object) -> bool:
