@@ -13,6 +13,14 @@ import re
 from typing import Any
 
 HEX64 = re.compile(r"[0-9a-f]{64}")  # a SHA-256 in the form every record uses
+# No record this tool writes nests deeper than a dozen levels or holds an integer of more than
+# 20 digits (a 64-bit size has at most 20).
+# The bounds are checked before anything recurses or converts: CPython's json encoder and
+# float check recurse once per level (a list nested ~990 deep parses but cannot be re-encoded),
+# and int() is quadratic in the digits when PYTHONINTMAXSTRDIGITS=0 lifts CPython's own limit
+# (https://docs.python.org/3/library/stdtypes.html#int-max-str-digits).
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 20
 
 
 class CanonicalJSONError(ValueError):
@@ -22,6 +30,10 @@ class CanonicalJSONError(ValueError):
 def dumps(value: Any) -> bytes:
     """Encode ``value`` canonically; floats are refused so no encoder detail leaks into evidence."""
     _refuse_floats(value)
+    return _encode(value)
+
+
+def _encode(value: Any) -> bytes:
     text = json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
@@ -40,25 +52,54 @@ def loads(raw: bytes, *, what: str = "record") -> Any:
     except UnicodeDecodeError as exc:
         raise CanonicalJSONError(f"{what}: not valid UTF-8 (byte {exc.start})") from exc
     try:
-        value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+        value = json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constants,
+            parse_int=_bounded_int,
+            parse_float=_no_floats,
+        )
     except CanonicalJSONError as exc:
         raise CanonicalJSONError(f"{what}: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise CanonicalJSONError(f"{what}: not JSON ({exc.msg} at line {exc.lineno})") from exc
-    except (ValueError, RecursionError) as exc:
-        # Integers past CPython's digit limit, or nesting past the recursion limit.
-        raise CanonicalJSONError(
-            f"{what}: not a record this tool writes ({type(exc).__name__})"
-        ) from exc
+    except RecursionError as exc:  # the C scanner's own guard, far past MAX_DEPTH
+        raise CanonicalJSONError(f"{what}: nested more than {MAX_DEPTH} levels deep") from exc
+    except ValueError as exc:  # any other refusal of the parser
+        raise CanonicalJSONError(f"{what}: not JSON ({exc})") from exc
+    if nesting_depth(value) > MAX_DEPTH:
+        raise CanonicalJSONError(f"{what}: nested more than {MAX_DEPTH} levels deep")
     try:
-        canonical = dumps(value)
+        canonical = _encode(value)  # no float can have been parsed: _no_floats refused it
     except (TypeError, ValueError) as exc:
         raise CanonicalJSONError(f"{what}: {exc}") from exc
+    except RecursionError as exc:  # unreachable below MAX_DEPTH; kept so nothing escapes
+        raise CanonicalJSONError(f"{what}: too deeply nested to re-encode") from exc
     if canonical != raw:
         raise CanonicalJSONError(
             f"{what}: not canonical JSON (expected sorted keys, compact separators, one trailing LF)"
         )
     return value
+
+
+def nesting_depth(value: Any) -> int:
+    """How many lists and objects deep ``value`` goes (counting stops past MAX_DEPTH).
+
+    Level by level, without recursion, so no depth can exhaust the stack.
+    """
+    level = [value] if type(value) in _CONTAINERS else []
+    depth = 0
+    while level and depth <= MAX_DEPTH:
+        depth += 1
+        deeper: list[Any] = []
+        for item in level:
+            children = item.values() if type(item) is dict else item
+            deeper += [child for child in children if type(child) in _CONTAINERS]
+        level = deeper
+    return depth
+
+
+_CONTAINERS = (dict, list)
 
 
 def printable(name: str) -> str:
@@ -70,6 +111,28 @@ def printable(name: str) -> str:
     return name
 
 
+def shown(text: str) -> str:
+    """``text`` safe for one line of output: control characters and undecodable bytes escaped.
+
+    Paths and names come from the artifact (a hostile one may hold a newline in a file name),
+    and every problem must stay one line.
+    """
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise CanonicalJSONError(
+            f"an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})"
+        )
+    return int(digits)
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, val in pairs:
@@ -79,20 +142,32 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _no_floats(literal: str) -> Any:
+    raise CanonicalJSONError(
+        f"float {literal} is not allowed in canonical records; encode it as a string"
+    )
+
+
 def _no_constants(name: str) -> Any:
     raise CanonicalJSONError(f"{name} is not allowed in evidence")
 
 
 def _refuse_floats(value: Any) -> None:
-    if isinstance(value, float):
-        raise TypeError(
-            f"float {value!r} is not allowed in canonical records; encode it as a string"
-        )
-    if isinstance(value, dict):
-        for key, val in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"non-string key {key!r}")
-            _refuse_floats(val)
-    elif isinstance(value, (list, tuple)):
-        for val in value:
-            _refuse_floats(val)
+    # Iterative: a value nested past the recursion limit is refused for its floats, not crashed on.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if isinstance(item, float):
+            raise TypeError(
+                f"float {item!r} is not allowed in canonical records; encode it as a string"
+            )
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    raise TypeError(f"non-string key {key!r}")
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)

@@ -40,7 +40,18 @@ def test_dumps_refuses_non_string_keys(value: object) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [{}, [], 0, -7, 10**30, "", None, False, {"z": [{"é": "ü", "a": [None, True]}], "a": -1}],
+    [
+        {},
+        [],
+        0,
+        -7,
+        10**19,
+        -(10**19),
+        "",
+        None,
+        False,
+        {"z": [{"é": "ü", "a": [None, True]}], "a": -1},
+    ],
 )
 def test_loads_round_trips_dumps(value: object) -> None:
     assert canonical.loads(canonical.dumps(value)) == value

@@ -24,7 +24,8 @@ def build(
     """Every artifact file's bytes, keyed by relative path."""
     if sorted(observations) != sorted(run_plan.names):
         raise ValueError(f"expected observations for {list(run_plan.names)}")
-    results = {name: rules.result_record(name, obs, run_plan) for name, obs in observations.items()}
+    # Judged alone and against each other, as the verifier judges them again.
+    results = rules.results(observations, run_plan)
     files = derived(results, run_plan)
     files[schema.PROVENANCE_FILE] = canonical.dumps(provenance)
     for name, obs in observations.items():

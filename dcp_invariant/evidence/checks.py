@@ -83,13 +83,19 @@ def list_of(inner: Check, max_items: int = 64) -> Check:
 
 
 def record(**fields: Check) -> Check:
+    names = fields.keys()
+    ordered = sorted(fields.items())
+
     def check(value: Any, where: str) -> list[str]:
         if not isinstance(value, dict):
             return [f"{where}: expected an object, got {type_name(value)}"]
-        problems = [f"{where}: missing key {k!r}" for k in sorted(set(fields) - set(value))]
-        problems += [f"{where}: unknown key {k!r}" for k in sorted(set(value) - set(fields))]
-        for key in sorted(set(fields) & set(value)):
-            problems += fields[key](value[key], f"{where}.{key}")
+        problems: list[str] = []
+        if value.keys() != names:
+            problems += [f"{where}: missing key {k!r}" for k in sorted(names - value.keys())]
+            problems += [f"{where}: unknown key {k!r}" for k in sorted(value.keys() - names)]
+        for key, inner in ordered:
+            if key in value:
+                problems += inner(value[key], f"{where}.{key}")
         return problems
 
     return check

@@ -1,7 +1,8 @@
 """``manifest.sha256`` in sha256sum's text format, so ``sha256sum -c manifest.sha256`` checks it.
 
 The manifest is unsigned: it detects accidental damage and edits that forget to update it,
-not a forger who rewrites it too.
+not a forger who rewrites it too. It is only ever compared with the files found in the
+artifact: no path it names is opened.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def parse(raw: bytes) -> dict[str, str]:
         if match is None:
             raise ManifestError(f"manifest.sha256 line {number}: expected '<64 hex>  <path>'")
         digest, path = match.groups()
+        parts = path.split("/")
+        if path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            # sha256sum -c would open such a path wherever it leads (/dev/zero never ends);
+            # this tool never opens a path the manifest names, and refuses the manifest.
+            raise ManifestError(
+                f"manifest.sha256 line {number}: {path} is not a relative path inside the artifact"
+            )
         if path in entries:
             raise ManifestError(f"manifest.sha256 line {number}: {path} listed twice")
         entries[path] = digest

@@ -11,6 +11,7 @@ equal digests and two runs produce identical bytes.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -34,16 +35,36 @@ _FLOAT_HEX = re.compile(r"-?0x[01]\.[0-9a-f]+p[+-]\d+|-?inf|nan")
 _COMPONENT = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
+AGGREGATE = "aggregate"
+
+
+def aggregate(components: dict[str, str]) -> str:
+    """The ``aggregate`` a worker adds to its component digests, derived again here.
+
+    Workers compute it as ``canonical.digest(sorted(component items))``
+    (:func:`dcp_invariant.suite.digest.component_digests`): a digest over the others, so it is
+    re-derived rather than trusted.
+    """
+    return _aggregate(tuple(sorted((k, v) for k, v in components.items() if k != AGGREGATE)))
+
+
+@functools.lru_cache(maxsize=1024)  # an artifact repeats the same few states many times
+def _aggregate(items: tuple[tuple[str, str], ...]) -> str:
+    return canonical.digest(items)
+
+
 def digests(value: Any, where: str) -> list[str]:
     if not isinstance(value, dict):
         return [f"{where}: expected an object of component digests, got {type_name(value)}"]
-    problems = [] if "aggregate" in value else [f"{where}: missing key 'aggregate'"]
+    problems = [] if AGGREGATE in value else [f"{where}: missing key 'aggregate'"]
     if len(value) > 65:
         problems.append(f"{where}: more than 64 components")
     for key in sorted(value):
         if not _COMPONENT.fullmatch(key):
             problems.append(f"{where}: invalid component name {key!r}")
         problems += pattern(canonical.HEX64, "a 64-hex digest")(value[key], f"{where}.{key}")
+    if not problems and value[AGGREGATE] != aggregate(value):
+        problems.append(f"{where}.aggregate: is not the digest of the other components")
     return problems
 
 
@@ -258,7 +279,68 @@ def validate(name: str, observation: Any, run_plan: plan.Plan = plan.REGISTERED)
     ):
         if key in observation:
             planned.append((key, value))
+    for where, _, checkpoint in _commits(scenario, observation, run_plan):
+        planned.append((f"{where}.label", checkpoint))
     for key, expected in planned:
-        if observation[key] != expected:
-            problems.append(f"{name}.{key}: expected {expected!r}, got {observation[key]!r}")
-    return problems
+        got = _at(observation, key)
+        if got != expected:
+            problems.append(f"{name}.{key}: expected {expected!r}, got {got!r}")
+    return problems + _label_order(name, scenario, observation)
+
+
+def _at(record: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        record = record[key]
+    return record
+
+
+def _commits(
+    scenario: plan.Scenario, obs: dict[str, Any], run_plan: plan.Plan
+) -> list[tuple[str, dict[str, Any], str]]:
+    """Each commit the scenario's driver made, in order, with the checkpoint label it used."""
+    if scenario.family in ("rank_exit", "damaged"):
+        steps = [("baseline", plan.BASELINE_LABEL), ("candidate", plan.CANDIDATE_LABEL)]
+    elif scenario.family == "dtensor":
+        steps = [("commit", plan.DTENSOR_LABEL)]
+    else:
+        steps = [("commit", run_plan.baseline_label)]
+    return [(key, obs[key], label) for key, label in steps if obs[key] is not None]
+
+
+def _label_order(name: str, scenario: plan.Scenario, obs: dict[str, Any]) -> list[str]:
+    """Receipt and pointer labels must be numbered in the order the driver first met each digest.
+
+    The driver's interner (``Interner`` in dcp_invariant/suite/scenarios/common.py) hands out
+    ``<kind>-1``, ``<kind>-2``, ... per scenario as digests first appear: for each commit the
+    pointer before, the receipt, the pointer after; then each loading rank's generation in rank
+    order; then, for the restart, the receipt and the pointer it re-resolved.
+    """
+    met: list[tuple[str, str, Any]] = []
+    for where, commit, _ in _commits(scenario, obs, plan.REGISTERED):
+        met += [
+            (f"{where}.pointer_before", "pointer", commit["pointer_before"]),
+            (f"{where}.receipt", "receipt", commit["receipt"]),
+            (f"{where}.pointer_after", "pointer", commit["pointer_after"]),
+        ]
+    target = obs.get("target")
+    if target is not None:
+        met += [
+            (f"target.ranks[{i}].generation", "receipt", rank["generation"])
+            for i, rank in enumerate(target["ranks"])
+        ]
+    after = obs.get("after")
+    if after is not None:
+        met += [("after.receipt", "receipt", after["receipt"])]
+        met += [("after.pointer", "pointer", after["pointer"])]
+    seen: dict[str, set[str]] = {"pointer": set(), "receipt": set()}
+    for where, kind, value in met:
+        if value is None or value in seen[kind]:
+            continue
+        expected = f"{kind}-{len(seen[kind]) + 1}"
+        if value != expected:
+            return [
+                f"{name}.{where}: {value} is a new {kind} here, so it must be {expected}: "
+                "labels are numbered in the order the digests first appear"
+            ]
+        seen[kind].add(value)
+    return []

@@ -6,33 +6,66 @@ import platform
 import re
 from typing import Any
 
-from dcp_invariant import __version__, plan
+from dcp_invariant import __version__, plan, runtimes
 from dcp_invariant.evidence import checks, schema
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 valid_revision = _HEX40.fullmatch
 
+# platform.python_version(): "3.11.7", "3.13.0rc2", "3.14.0a1+" for a development build; the
+# package requires CPython 3.11 or newer.
+_CPYTHON = re.compile(r"3\.(?:1[1-9]|[2-9][0-9])\.[0-9]{1,3}(?:(?:a|b|rc)[0-9]{1,3})?\+?")
+# numpy.__version__, a PEP 440 version (https://peps.python.org/pep-0440/), as numpy releases
+# and nightly builds spell it: "2.4.6", "2.5.0rc1", "2.5.0.dev0+git20250101.abcdef0".
+_NUMPY = re.compile(
+    r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,3}(?:(?:a|b|rc)[0-9]{1,4})?(?:\.post[0-9]{1,4})?"
+    r"(?:\.dev[0-9]{1,8})?(?:\+[0-9A-Za-z.]{1,64})?"
+)
+# The releases whose artifacts this verifier reads: its own, and 0.2.0, the first with schema v2.
+KNOWN_TOOLS: tuple[str, ...] = tuple(
+    dict.fromkeys(f"dcp-invariant {v}" for v in ("0.2.0", __version__))
+)
+
 _FIELDS: dict[str, checks.Check] = {
     "authenticated": checks.one_of(False),
-    "cpython": checks.string,
-    "numpy": checks.optional(checks.string),
+    "cpython": checks.pattern(_CPYTHON, "a CPython version, 3.11 or newer, like '3.11.7'"),
+    "numpy": checks.optional(checks.pattern(_NUMPY, "a numpy version like '2.4.6'")),
     "source_revision": checks.pattern(_HEX40, "a 40-hex source revision"),
-    "tool": checks.string,
+    "tool": checks.one_of(*KNOWN_TOOLS),
     "torch_distribution": checks.string,
     "torch_runtime": checks.string,
 }
 SHAPE = checks.record(**_FIELDS, schema_version=checks.one_of(schema.SCHEMA_VERSION))
-# A fixture run also records its plan; plan.plan_from_record holds it to the grammar.
+# A fixture run also records its plan; plan.plan_from_record holds it to the grammar once
+# these types hold (it compares and sorts what it is given).
+_PLAN = checks.record(
+    fixture=checks.string,
+    kind=checks.string,
+    scenarios=checks.list_of(checks.string, 256),
+    steps_after=checks.integer(),
+    steps_before=checks.integer(),
+    world_sizes=checks.list_of(checks.integer(), 16),
+)
 FIXTURE_SHAPE = checks.record(
     **_FIELDS,
-    plan=lambda value, where: [],
+    plan=_PLAN,
     schema_version=checks.one_of(schema.FIXTURE_SCHEMA_VERSION),
 )
 
 
 def shape_problems(record: dict[str, Any]) -> list[str]:
     fixture = record.get("schema_version") == schema.FIXTURE_SCHEMA_VERSION
-    return (FIXTURE_SHAPE if fixture else SHAPE)(record, schema.PROVENANCE_FILE)
+    problems = (FIXTURE_SHAPE if fixture else SHAPE)(record, schema.PROVENANCE_FILE)
+    if problems:
+        return problems
+    # The runner refuses any other torch (runtimes.require), so no real run records one.
+    pair = (record["torch_distribution"], record["torch_runtime"])
+    if runtimes.find(*pair) is None:
+        problems.append(
+            f"{schema.PROVENANCE_FILE}: torch {pair[0]}/{pair[1]} is not a registered runtime "
+            f"(distribution/torch.__version__); this verifier knows {runtimes.registered_pairs()}"
+        )
+    return problems
 
 
 def recorded_plan(record: dict[str, Any]) -> plan.Plan:

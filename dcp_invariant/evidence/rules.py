@@ -8,28 +8,66 @@ fails; no reasons means it passes. Observations reaching here have a valid shape
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dcp_invariant import plan, runtimes
+from dcp_invariant import canonical, plan, runtimes
 from dcp_invariant.evidence import diagnosis, schema
 
 Obs = dict[str, Any]
+
+# A worker whose task raises exits 1 (``run`` in dcp_invariant/suite/worker.py): what the rank
+# that outlives a peer dying mid-save does when DCP's collective save fails under it.
+SURVIVOR_EXIT_CODE = 1
 
 
 def derive(name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED) -> list[str]:
     scenario = run_plan.scenario(name)
     reasons = [f"error: {e}" for e in obs["errors"]]
     reasons += FAMILY_RULES[scenario.family](scenario, obs)
+    for key in ("commit", "baseline", "candidate"):
+        if obs.get(key) is not None:
+            reasons += _sealing(obs[key], key)
     return reasons
 
 
-def result_record(name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED) -> dict[str, Any]:
-    reasons = derive(name, obs, run_plan)
+def _sealing(commit: Obs, where: str) -> list[str]:
+    """A seal either succeeded, with a receipt and no error, or failed, with an error and no
+    receipt: the driver records exactly one of the two (``commit`` in
+    dcp_invariant/suite/scenarios/common.py)."""
+    has_receipt, has_error = commit["receipt"] is not None, commit["seal_error"] is not None
+    if commit["sealed"] and (not has_receipt or has_error):
+        return [f"{where}: sealed, yet {'with a seal error' if has_error else 'without a receipt'}"]
+    if not commit["sealed"] and (has_receipt or not has_error):
+        return [
+            f"{where}: not sealed, yet {'with a receipt' if has_receipt else 'without a seal error'}"
+        ]
+    return []
+
+
+def result_record(
+    name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED, extra: Sequence[str] = ()
+) -> dict[str, Any]:
+    reasons = [*derive(name, obs, run_plan), *extra]
     return {
         "reasons": reasons,
         "scenario": name,
         "schema_version": schema.version_for(run_plan),
         "verdict": "fail" if reasons else "pass",
+    }
+
+
+def results(
+    observations: Mapping[str, Obs], run_plan: plan.Plan = plan.REGISTERED
+) -> dict[str, dict[str, Any]]:
+    """The result record of each observation given, in plan order, judged alone and against
+    its siblings (:func:`consistency`)."""
+    across = consistency(observations, run_plan)
+    return {
+        name: result_record(name, observations[name], run_plan, across.get(name, ()))
+        for name in run_plan.names
+        if name in observations
     }
 
 
@@ -57,6 +95,7 @@ def _training(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if commit is None:
         return [*reasons, "commit: did not run"]
     reasons += _promoted(commit, "commit")
+    reasons += _dcp_files(commit, scenario.source_world_size, "commit")
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -85,6 +124,7 @@ def _dtensor(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if commit is None:
         return [*reasons, "commit: did not run"]
     reasons += _promoted(commit, "commit")
+    reasons += _dcp_files(commit, scenario.source_world_size, "commit")
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -107,6 +147,7 @@ def _elastic(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if commit is None:
         return [*reasons, "commit: did not run"]
     reasons += _promoted(commit, "commit")
+    reasons += _dcp_files(commit, scenario.source_world_size, "commit")
     launcher = obs["launcher"]
     if launcher is None:
         return [*reasons, "torchrun: did not run"]
@@ -168,21 +209,43 @@ def _rank_exit(scenario: plan.Scenario, obs: Obs) -> list[str]:
     else:
         if codes[dying] != planned:
             reasons.append(f"source rank {dying}: exit code {codes[dying]}, expected {planned}")
-        # DCP's save is collective: a peer that finished it cleanly never noticed the death.
-        reasons += [
-            f"source rank {r}: exited 0 although a peer died in the middle of the save"
-            for r, c in enumerate(codes)
-            if r != dying and c == 0
-        ]
+        for r, c in enumerate(codes):
+            if r == dying or c == SURVIVOR_EXIT_CODE:
+                continue
+            if c == 0:
+                # DCP's save is collective: a peer that finished it cleanly never noticed.
+                reasons.append(
+                    f"source rank {r}: exited 0 although a peer died in the middle of the save"
+                )
+            else:
+                reasons.append(
+                    f"source rank {r}: exit code {c}; a rank whose save fails under it exits "
+                    f"{SURVIVOR_EXIT_CODE}"
+                )
     reasons += _rank_set(source["ranks"], scenario.source_world_size, "source")
+    # Each rank reports after each save: the baseline, never the save cut short.
+    reasons += [
+        f"source rank {r['rank']}: recorded {len(r['saves'])} saves"
+        f"{' and a reference step' if r['next'] is not None else ''}; only the baseline finishes"
+        for r in source["ranks"]
+        if len(r["saves"]) != 1 or r["next"] is not None
+    ]
     reasons += _consensus([r["saves"][0] for r in source["ranks"] if r["saves"]], "baseline")
     reasons += _refused_after_baseline(obs, "candidate")
+    if obs["baseline"] is not None:
+        reasons += _dcp_files(obs["baseline"], scenario.source_world_size, "baseline")
     candidate = obs["candidate"]
     if candidate is not None:
         if candidate["sealed"] or candidate["seal_error"] is None:
             reasons.append("candidate: a crashed writer's candidate was sealed")
         if any(f["path"] == plan.METADATA_FILE for f in candidate["files"]):
             reasons.append(f"candidate: the crashed save left a {plan.METADATA_FILE} commit marker")
+        else:
+            # Every rank wrote its shard before the collective that failed: one died right after
+            # writing, the other's write is local and finishes first.
+            reasons += _dcp_files(
+                candidate, scenario.source_world_size, "candidate", metadata=False
+            )
     return reasons
 
 
@@ -201,21 +264,63 @@ def _damaged(scenario: plan.Scenario, obs: Obs) -> list[str]:
         reasons.append(f"damage: hit {damage['path']!r}, the scenario damages a {suffix} file")
     if (damage["offset"] is None) != (kind == "remove"):
         reasons.append("damage: a flip needs the offset it flipped, a removal has none")
+    source = obs["source"]
+    # Each rank reports after each of its two saves; no reference step is taken.
+    reasons += [
+        f"source rank {r['rank']}: recorded {len(r['saves'])} saves"
+        f"{' and a reference step' if r['next'] is not None else ''}; the scenario makes 2, no step"
+        for r in source["ranks"]
+        if len(r["saves"]) != 2 or r["next"] is not None
+    ]
+    reasons += _consensus([r["saves"] for r in source["ranks"]], "source: saved states")
     reasons += _refused_after_baseline(obs, "candidate")
+    if obs["baseline"] is not None:
+        reasons += _dcp_files(obs["baseline"], scenario.source_world_size, "baseline")
     candidate = obs["candidate"]
     if candidate is None:
         return reasons
     if not candidate["sealed"]:
         reasons.append("candidate: was never sealed, so the damage tested nothing")
+    else:
+        # The receipt lists the files as sealed, before the damage.
+        reasons += _dcp_files(candidate, scenario.source_world_size, "candidate")
     if candidate["receipt"] is not None and candidate["receipt"] == (obs["baseline"] or {}).get(
         "receipt"
     ):
         reasons.append("candidate: has the same receipt as the baseline")
-    if damage["path"] not in {f["path"] for f in candidate["files"]}:
+    sizes = {f["path"]: f["size"] for f in candidate["files"]}
+    if damage["path"] not in sizes:
         reasons.append(f"damage: {damage['path']} was not in the sealed receipt")
+    else:
+        reasons += _damage_target(damage, kind, suffix, candidate["files"])
     wanted = {"path": damage["path"], "reason": reason}
     if wanted not in candidate["refused"]:
         reasons.append(f"candidate: promotion did not report {damage['path']}: {reason}")
+    elif candidate["refused"] != [wanted]:
+        # Only one file was damaged, so the receipt check has exactly one failure to report.
+        reasons.append(
+            f"candidate: promotion reported {_refusals(candidate)}, not only {damage['path']}"
+        )
+    return reasons
+
+
+def _damage_target(damage: Obs, kind: str, suffix: str, files: list[Obs]) -> list[str]:
+    """The driver damages the last non-empty file of the sealed candidate whose name ends with
+    the plan's suffix, and flips the byte at half its size (``damage`` in
+    dcp_invariant/suite/scenarios/damaged.py)."""
+    eligible = sorted(f["path"] for f in files if f["path"].endswith(suffix) and f["size"] > 0)
+    reasons = []
+    if eligible and damage["path"] != eligible[-1]:
+        reasons.append(
+            f"damage: hit {damage['path']}, the scenario damages the last {suffix} file, "
+            f"{eligible[-1]}"
+        )
+    size = next(f["size"] for f in files if f["path"] == damage["path"])
+    if kind == "flip" and damage["offset"] is not None and damage["offset"] != size // 2:
+        reasons.append(
+            f"damage: flipped the byte at {damage['offset']} of {damage['path']}, the scenario "
+            f"flips the middle one, at {size // 2} of its {size} bytes"
+        )
     return reasons
 
 
@@ -259,6 +364,7 @@ def _resume(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if commit is None:
         return ["commit: did not run"]
     reasons += _promoted(commit, "commit")
+    reasons += _dcp_files(commit, scenario.source_world_size, "commit")
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -303,6 +409,7 @@ def _reshard(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if commit is None:
         return ["commit: did not run"]
     reasons += _promoted(commit, "commit")
+    reasons += _dcp_files(commit, a, "commit")
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -350,6 +457,136 @@ FAMILY_RULES = {
     "resume": _resume,
     "reshard": _reshard,
 }
+
+
+# --- across scenarios -----------------------------------------------------------------------
+
+
+class _Sightings:
+    """Values that must be equal wherever they were recorded, grouped by what they are."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, list[tuple[str, str, Any]]] = {}
+
+    def add(self, what: str, name: str, where: str, value: Any) -> None:
+        if value is not None:
+            self.groups.setdefault(what, []).append((name, where, value))
+
+    def disagreements(self) -> dict[str, list[str]]:
+        """A reason for each sighting that differs from the value most sightings agree on."""
+        out: dict[str, list[str]] = {}
+        for what, seen in self.groups.items():
+            keys = [canonical.dumps(value) for _, _, value in seen]
+            counts = Counter(keys)
+            # The most common value; on a tie, the one recorded first in plan order.
+            agreed = max(counts, key=lambda k: (counts[k], -keys.index(k)))
+            backers = sorted(
+                {name for (name, _, _), k in zip(seen, keys, strict=True) if k == agreed}
+            )
+            shown = ", ".join(backers[:3]) + (
+                f" (+{len(backers) - 3} more)" if len(backers) > 3 else ""
+            )
+            for (name, where, _), key in zip(seen, keys, strict=True):
+                if key != agreed:
+                    out.setdefault(name, []).append(
+                        f"consistency: {where} is not {what} recorded in {shown}: the same "
+                        "fixture, trained the same steps, must give the same; the run is not "
+                        "deterministic or this observation was edited"
+                    )
+        return out
+
+
+def consistency(
+    observations: Mapping[str, Obs], run_plan: plan.Plan = plan.REGISTERED
+) -> dict[str, list[str]]:
+    """Reasons, by scenario, where one observation contradicts its siblings.
+
+    One fixture trained the same steps at the same world size must reach bit-identical state,
+    and DCP then writes files of identical sizes: every scenario that trains is a repeat of the
+    others. The registered fixture is exact across world sizes too (see the README's limits),
+    so there its states agree at every world size. A forged value then disagrees with the
+    siblings that recorded it independently, and so does a run that is not deterministic.
+    """
+    seen = _Sightings()
+    for name in run_plan.names:
+        obs = observations.get(name)
+        if obs is None:
+            continue
+        family = run_plan.scenario(name).family
+        w = obs["source_world_size"]
+        if family in ("resume", "reshard"):
+            _fixture_sightings(seen, name, obs, w)
+        else:
+            _registered_sightings(seen, name, obs, family, w, run_plan)
+    return seen.disagreements()
+
+
+def _registered_sightings(
+    seen: _Sightings, name: str, obs: Obs, family: str, w: int, run_plan: plan.Plan
+) -> None:
+    n = run_plan.steps_before
+    if family == "dtensor":
+        for group in ("source", "target"):
+            for rank in (obs[group] or {"ranks": []})["ranks"]:
+                where = f"{group} rank {rank['rank']}'s global tensor digest"
+                seen.add("the DTensor's global digest", name, where, rank["global_digest"])
+        return
+    # Only the registered fixture is exact across world sizes; a user's is compared at one.
+    at = "" if run_plan.kind == "registered" else f" on {w} ranks"
+    for rank in obs["source"]["ranks"]:
+        where = f"source rank {rank['rank']}"
+        if rank["saves"]:
+            seen.add(f"the state after {n} steps{at}", name, f"{where}'s save", rank["saves"][0])
+        if len(rank["saves"]) > 1:  # the damage scenarios' candidate, one step later
+            seen.add(
+                f"the state after {n + 1} steps{at}",
+                name,
+                f"{where}'s second save",
+                rank["saves"][1],
+            )
+        if rank["next"] is not None:
+            step = rank["next"]
+            seen.add(
+                f"the state after {n + 1} steps{at}", name, f"{where}'s next step", step["digests"]
+            )
+            seen.add(f"the loss of step {n + 1}{at}", name, f"{where}'s next loss", step["loss"])
+    for key in ("commit", "baseline"):
+        if obs.get(key) is not None and obs[key]["sealed"]:
+            files = obs[key]["files"]
+            seen.add(
+                f"the files of the save after {n} steps on {w} ranks", name, f"{key}.files", files
+            )
+    candidate = obs.get("candidate")
+    if candidate is not None:
+        if candidate["sealed"]:  # as sealed, before the damage
+            what = f"the files of the save after {n + 1} steps on {w} ranks"
+            seen.add(what, name, "candidate.files", candidate["files"])
+        # What a save cut short leaves: the same shards, no .metadata.
+        shards = [f for f in candidate["files"] if f["path"] != plan.METADATA_FILE]
+        what = f"the shards of the save after {n + 1} steps on {w} ranks"
+        seen.add(what, name, "candidate's shards", shards)
+
+
+def _fixture_sightings(seen: _Sightings, name: str, obs: Obs, w: int) -> None:
+    # Every arm that trained N steps and saved.
+    arms = ("source",) if "source" in obs else ("reference", "repeat")
+    for arm in arms:
+        if obs.get(arm) is None:
+            continue
+        for rank in obs[arm]["ranks"]:
+            r, where = rank["rank"], f"{arm} rank {rank['rank']}"
+            at = f"rank {r} of {w}"
+            seen.add(
+                f"the losses before the save on {at}",
+                name,
+                f"{where}'s losses",
+                rank["losses_before"],
+            )
+            seen.add(f"the state saved on {at}", name, f"{where}'s saved keys", rank["saved"])
+    commit, n = obs["commit"], obs["steps_before_save"]
+    if commit is not None and commit["sealed"]:
+        what = f"the files of the save after {n} steps on {w} ranks"
+        seen.add(what, name, "commit.files", commit["files"])
 
 
 # --- shared checks --------------------------------------------------------------------------
@@ -416,6 +653,29 @@ def _promoted(commit: Obs, where: str) -> list[str]:
     if commit["candidate_retained"]:
         reasons.append(f"{where}: the candidate directory was left behind after promotion")
     return reasons
+
+
+def dcp_files(world_size: int, *, metadata: bool = True) -> list[str]:
+    """The files a DCP save at ``world_size`` writes, in the receipt's (byte) order.
+
+    torch's FileSystemWriter (torch/distributed/checkpoint/filesystem.py) names each rank's data
+    ``__<rank>_<n>.distcp`` and, writing one file per rank by default
+    (``single_file_per_rank=True``, one thread), creates exactly ``__<rank>_0.distcp`` on every
+    rank, empty or not; the coordinator's ``finish`` adds ``.metadata`` last.
+    """
+    shards = [f"__{rank}_0{plan.SHARD_SUFFIX}" for rank in range(world_size)]
+    return [plan.METADATA_FILE, *shards] if metadata else shards
+
+
+def _dcp_files(commit: Obs, world_size: int, where: str, *, metadata: bool = True) -> list[str]:
+    names = [f["path"] for f in commit["files"]]
+    expected = dcp_files(world_size, metadata=metadata)
+    if names == expected:
+        return []
+    return [
+        f"{where}: files {names}, but a DCP save by {world_size} rank(s) "
+        f"{'writes' if metadata else 'cut short before its metadata leaves'} {expected}"
+    ]
 
 
 def _refused_after_baseline(obs: Obs, key: str) -> list[str]:
@@ -515,6 +775,12 @@ def _guard(attestation: Obs | None) -> list[str]:
         reasons.append("torchrun guard: TORCH_DISABLE_SHARE_RDZV_TCP_STORE was not set")
     if attestation["stores_built"] < 1:
         reasons.append("torchrun guard: no rendezvous store was built")
+    elif attestation["stores_built"] > 1:
+        # The agent builds its rendezvous store once and keeps it across the restart.
+        reasons.append(
+            f"torchrun guard: {attestation['stores_built']} rendezvous stores were built; the "
+            "agent builds one and keeps it across the restart"
+        )
     return reasons
 
 

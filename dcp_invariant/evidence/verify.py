@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ from dcp_invariant.evidence import artifact, manifest, observation, provenance, 
 _LAYOUT = re.compile(
     r"provenance\.json|summary\.json|junit\.xml|manifest\.sha256|(observations|results)/[a-z0-9_]{1,64}\.json"
 )
-_MAX_BYTES = max(schema.MAX_FILE_BYTES, schema.MAX_FIXTURE_FILE_BYTES)
 _MAX_ENTRIES = 4 * len(schema.artifact_files(["x"] * (8 + 56 + 1)))
 
 
@@ -31,6 +31,9 @@ class Report:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The registered suite's plan, or the fixture plan its provenance records.
     run_plan: plan.Plan = plan.REGISTERED
+    # False for a directory with neither manifest.sha256 nor provenance.json: not an artifact
+    # at all (a repository root, an empty directory), so its problems are not worth listing.
+    artifact_like: bool = True
 
     @property
     def valid(self) -> bool:
@@ -46,87 +49,218 @@ class Report:
 
 
 def verify_artifact(directory: Path) -> Report:
+    """Verify the artifact in ``directory``; every problem is reported, nothing is raised.
+
+    Only the artifact's own regular files are opened, never what a symlink, the manifest or
+    a name with ``..`` points at; files the plan does not name and files over its size bound
+    are reported without being read.
+    """
     report = Report()
-    files = _read_files(Path(directory), report.problems)
-    if files is None:
-        return report
-    report.run_plan = run_plan = _check_provenance(
-        files.get(schema.PROVENANCE_FILE), report.problems
-    )
-    _check_layout(files, run_plan, report.problems)
-    _check_manifest(files, run_plan, report.problems)
+    unread: set[str] = set()
+    files = _read_files(Path(directory), report, unread)
+    if files is not None:
+        _verify(files, report, unread)
+    return report
+
+
+def verify_files(files: Mapping[str, bytes]) -> Report:
+    """Verify an artifact given as its files' bytes by relative path: every check but reading."""
+    report = Report(artifact_like=bool({schema.MANIFEST_FILE, schema.PROVENANCE_FILE} & set(files)))
+    _verify(dict(files), report, set())
+    return report
+
+
+def _verify(files: dict[str, bytes], report: Report, unread: set[str]) -> None:
+    problems = report.problems
+    run_plan, recorded = _check_provenance(files.get(schema.PROVENANCE_FILE), problems)
+    report.run_plan = run_plan
+    _check_layout(files, run_plan, problems, unread)
+    _check_manifest(files, run_plan, problems)
+    observations: dict[str, dict[str, Any]] = {}
     for name in run_plan.names:
-        obs = _load(files, schema.observation_file(name), report.problems)
+        obs = _load(files, schema.observation_file(name), problems)
         if obs is None:
             continue
         shape_problems = observation.validate(name, obs, run_plan)
         if shape_problems:
-            report.problems += [f"{schema.observation_file(name)}: {p}" for p in shape_problems]
+            problems += [f"{schema.observation_file(name)}: {p}" for p in shape_problems]
             continue
-        report.results[name] = rules.result_record(name, obs, run_plan)
+        observations[name] = obs
+    if recorded is not None:
+        problems += _runtime_attested(recorded, observations)
+    # Every scenario judged alone and against its siblings, exactly as the runner judged it.
+    report.results = rules.results(observations, run_plan)
     # Results, then (when every scenario could be derived) summary and JUnit: all re-derived.
     expected = {schema.result_file(n): canonical.dumps(r) for n, r in report.results.items()}
     if len(report.results) == len(run_plan.names):
         expected.update(artifact.derived(report.results, run_plan))
     for rel, data in expected.items():
         if rel in files and files[rel] != data:
-            report.problems.append(f"{rel}: differs from what its observations derive")
-    return report
+            problems.append(f"{rel}: differs from what its observations derive")
 
 
-def _read_files(root: Path, problems: list[str]) -> dict[str, bytes] | None:
+def _runtime_attested(recorded: dict[str, Any], observations: dict[str, Any]) -> list[str]:
+    """The torchrun guard attests the torch it patched: the one provenance names."""
+    obs = observations.get(plan.ELASTIC_SCENARIO.name)
+    guard = obs["launcher"]["guard"] if obs is not None and obs["launcher"] else None
+    if guard is None:
+        return []
+    attested = (guard["torch_distribution"], guard["torch_runtime"])
+    if attested == (recorded["torch_distribution"], recorded["torch_runtime"]):
+        return []
+    return [
+        f"{schema.PROVENANCE_FILE}: torch {recorded['torch_distribution']}/"
+        f"{recorded['torch_runtime']}, but the torchrun guard in "
+        f"{schema.observation_file(plan.ELASTIC_SCENARIO.name)} attests {attested[0]}/{attested[1]}"
+    ]
+
+
+def _read_files(root: Path, report: Report, unread: set[str]) -> dict[str, bytes] | None:
     """The artifact's regular files by relative path; problems for anything else found."""
+    problems = report.problems
+    shown_root = canonical.shown(root.name or str(root))
+    try:
+        root_stat = os.lstat(root)
+    except (OSError, ValueError) as exc:
+        problems.append(f"{shown_root}: cannot be read ({_why(exc)})")
+        return None
+    if stat.S_ISLNK(root_stat.st_mode):
+        # A link can be repointed between checks and reads; verify the directory itself.
+        problems.append(
+            f"{shown_root}: is a symlink; pass the real artifact directory (symlinks are refused)"
+        )
+        return None
+    if not stat.S_ISDIR(root_stat.st_mode):
+        problems.append(f"{shown_root}: not a directory")
+        return None
+    report.artifact_like = any(
+        _exists(root / name) for name in (schema.MANIFEST_FILE, schema.PROVENANCE_FILE)
+    )
     entries: list[tuple[str, os.stat_result]] = []
     try:
         _walk(root, "", entries)
-    except NotADirectoryError:
-        problems.append(f"{root.name}: not a directory")
-        return None
     except _TooMany:
         problems.append(f"more than {_MAX_ENTRIES} entries: this is not an evidence artifact")
         return None
     except OSError as exc:
-        problems.append(
-            f"{canonical.printable(str(exc.filename))}: cannot be listed ({exc.strerror})"
-        )
+        problems.append(f"{canonical.shown(str(exc.filename))}: cannot be listed ({_why(exc)})")
         return None
-    files: dict[str, bytes] = {}
+    found: dict[str, int] = {}
     for name, st in entries:
-        rel = canonical.printable(name)
+        rel = canonical.shown(name)
         if stat.S_ISDIR(st.st_mode):
             if rel not in schema.ARTIFACT_DIRS:
                 problems.append(f"{rel}/: unexpected directory")
             continue
         if not stat.S_ISREG(st.st_mode):
             problems.append(f"{rel}: not a regular file (symlinks and special files are refused)")
+            unread.add(rel)  # found, refused: not "missing" as well
             continue
-        if not _LAYOUT.fullmatch(rel):
+        if rel != name or not _LAYOUT.fullmatch(rel):
             problems.append(f"{rel}: unexpected file")
             continue
-        if st.st_size > _MAX_BYTES:
-            problems.append(f"{rel}: {st.st_size} bytes, over the {_MAX_BYTES}-byte bound")
+        found[rel] = st.st_size
+    # Provenance names the plan, and the plan names the files: nothing else is read.
+    files: dict[str, bytes] = {}
+    if found.get(schema.PROVENANCE_FILE, 0) > schema.MAX_FILE_BYTES:
+        problems.append(
+            f"{schema.PROVENANCE_FILE}: {found.pop(schema.PROVENANCE_FILE)} bytes, over the "
+            f"{schema.MAX_FILE_BYTES}-byte bound"
+        )
+        unread.add(schema.PROVENANCE_FILE)
+    elif schema.PROVENANCE_FILE in found:
+        _read_one(root, schema.PROVENANCE_FILE, schema.MAX_FILE_BYTES, files, unread, problems)
+    run_plan = _plan_of(files.get(schema.PROVENANCE_FILE))
+    wanted = set(schema.artifact_files(run_plan.names))
+    bound = schema.max_file_bytes(run_plan)
+    for rel, size in sorted(found.items()):
+        if rel == schema.PROVENANCE_FILE:
             continue
-        try:
-            with open(root / rel, "rb") as f:
-                data = f.read(_MAX_BYTES + 1)
-        except OSError as exc:
-            problems.append(f"{rel}: cannot be read ({exc.strerror})")
-            continue
-        if len(data) > _MAX_BYTES:
-            problems.append(f"{rel}: grew past the {_MAX_BYTES}-byte bound while read")
-            continue
-        files[rel] = data
+        if rel not in wanted:
+            problems.append(f"{rel}: unexpected file")
+        elif size > bound:
+            problems.append(f"{rel}: {size} bytes, over the {bound}-byte bound")
+            unread.add(rel)
+        else:
+            _read_one(root, rel, bound, files, unread, problems)
     return files
 
 
-def _check_layout(files: dict[str, bytes], run_plan: plan.Plan, problems: list[str]) -> None:
+def _read_one(
+    root: Path,
+    rel: str,
+    bound: int,
+    files: dict[str, bytes],
+    unread: set[str],
+    problems: list[str],
+) -> None:
+    # O_NOFOLLOW: a file swapped for a symlink after the walk is refused, not followed;
+    # O_NONBLOCK: one swapped for a FIFO cannot hang the open.
+    flags = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(root / rel, flags)
+    except OSError as exc:
+        problems.append(f"{rel}: cannot be read ({_why(exc)})")
+        unread.add(rel)
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            problems.append(f"{rel}: not a regular file (symlinks and special files are refused)")
+            unread.add(rel)
+            return
+        chunks, size = [], 0
+        while size <= bound:
+            chunk = os.read(fd, min(1 << 20, bound + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        problems.append(f"{rel}: cannot be read ({_why(exc)})")
+        unread.add(rel)
+        return
+    finally:
+        os.close(fd)
+    if size > bound:
+        problems.append(f"{rel}: grew past the {bound}-byte bound while read")
+        unread.add(rel)
+        return
+    files[rel] = b"".join(chunks)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def _why(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except OSError:
+        return False
+    return True
+
+
+def _plan_of(raw: bytes | None) -> plan.Plan:
+    """The plan provenance names, or the registered one; its problems are reported later."""
+    return _check_provenance(raw, [])[0]
+
+
+def _check_layout(
+    files: dict[str, bytes], run_plan: plan.Plan, problems: list[str], unread: set[str]
+) -> None:
     """Exactly the plan's files, each within the plan's size bound; extra ones are dropped."""
     wanted = schema.artifact_files(run_plan.names)
     bound = schema.max_file_bytes(run_plan)
     for rel in sorted(set(files) - set(wanted)):
-        problems.append(f"{rel}: unexpected file")
+        problems.append(f"{canonical.shown(rel)}: unexpected file")
         del files[rel]
     for rel in wanted:
+        if rel in unread:
+            continue  # found, and its problem already reported
         if rel not in files:
             problems.append(f"{rel}: missing")
         elif len(files[rel]) > bound:
@@ -182,15 +316,18 @@ def _check_manifest(files: dict[str, bytes], run_plan: plan.Plan, problems: list
             problems.append(f"manifest.sha256: digest mismatch for {rel}")
 
 
-def _check_provenance(raw: bytes | None, problems: list[str]) -> plan.Plan:
-    """Problems of provenance.json, and the plan it records (the registered one if none)."""
+def _check_provenance(
+    raw: bytes | None, problems: list[str]
+) -> tuple[plan.Plan, dict[str, Any] | None]:
+    """Problems of provenance.json, the plan it records (the registered one if none), and the
+    record itself when it is valid."""
     if raw is None:
-        return plan.REGISTERED
+        return plan.REGISTERED, None
     try:
         record = canonical.loads(raw, what=schema.PROVENANCE_FILE)
     except canonical.CanonicalJSONError as exc:
         problems.append(str(exc))
-        return plan.REGISTERED
+        return plan.REGISTERED, None
     versions = (schema.SCHEMA_VERSION, schema.FIXTURE_SCHEMA_VERSION)
     if not isinstance(record, dict) or record.get("schema_version") not in versions:
         version = record.get("schema_version") if isinstance(record, dict) else None
@@ -198,10 +335,14 @@ def _check_provenance(raw: bytes | None, problems: list[str]) -> plan.Plan:
             f"{schema.PROVENANCE_FILE}: unknown schema version {version!r}; "
             f"this verifier reads versions {list(versions)}"
         )
-        return plan.REGISTERED
-    problems += provenance.shape_problems(record)
+        return plan.REGISTERED, None
+    shape = provenance.shape_problems(record)
+    problems += shape
+    if shape and record.get("schema_version") == schema.FIXTURE_SCHEMA_VERSION:
+        return plan.REGISTERED, None  # a malformed plan names no files worth listing
     try:
-        return provenance.recorded_plan(record)
+        run_plan = provenance.recorded_plan(record)
     except plan.PlanError as exc:
         problems.append(f"{schema.PROVENANCE_FILE}: {exc}")
-        return plan.REGISTERED
+        return plan.REGISTERED, None
+    return run_plan, None if shape else record

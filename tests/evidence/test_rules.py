@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from artifact_data import DATA_ARTIFACT, read_observations
+from forge import reaggregate
 
 from dcp_invariant import plan
 from dcp_invariant.evidence import observation, rules
@@ -436,7 +437,12 @@ REFUSAL = [
         lambda obs: _pointer_stays(obs, "baseline"),
         "baseline: the pointer did not move",
     ),
-    Mutation("baseline did not run", setter("baseline", value=None), "baseline: did not run"),
+    # Without a baseline the driver never made the candidate either.
+    Mutation(
+        "baseline did not run",
+        lambda obs: obs.update(baseline=None, candidate=None),
+        "baseline: did not run",
+    ),
     Mutation("candidate did not run", setter("candidate", value=None), "candidate: did not run"),
     Mutation("worker error", setter("errors", value=["worker crashed"]), "error: worker crashed"),
 ]
@@ -572,6 +578,7 @@ def test_real_observation_passes(name: str) -> None:
 def test_mutation_fails_the_scenario(name: str, mutation: Mutation) -> None:
     obs = real(name)
     mutation.mutate(obs)
+    reaggregate(obs)  # a forger re-derives what the verifier derives
     assert obs != REAL[name], "the mutation changed nothing"
     assert observation.validate(name, obs) == [], "the mutation broke the shape, not the rule"
 

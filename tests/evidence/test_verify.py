@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from artifact_data import read_observations
+from forge import reaggregate
 
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import manifest, rules, schema
@@ -424,6 +425,7 @@ def test_untouched_artifact_is_valid_and_passed(data_artifact: Path) -> None:
 def _break_rng(obs: dict) -> None:
     digests = obs["target"]["ranks"][-1]["loaded"]
     digests["rng"] = "0" * 64
+    reaggregate(digests)
 
 
 def _promote_candidate(obs: dict) -> None:

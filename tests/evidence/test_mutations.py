@@ -1,0 +1,113 @@
+"""Every single-leaf edit of every checked-in artifact, resealed, is refused by ``verify``.
+
+The manifest is unsigned, so a forger recomputes it; what stops a doctored artifact is the
+semantic checking. For each artifact under tests/data (and a synthetic fixture run until a real
+one is checked in) every leaf of every JSON file is edited once per edit that applies
+(:mod:`mutation_walk`), the manifest is recomputed, and the verifier must refuse the result,
+naming the edited file or its scenario, unless the leaf is a free field
+(:mod:`dcp_invariant.evidence.free_fields`). Each free field must also be really unchecked, so
+the list cannot keep a field that has since become checkable.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import synthetic
+from mutation_walk import DATA, artifact_dirs, mutations, read_artifact
+
+from dcp_invariant.evidence import schema
+from dcp_invariant.evidence.free_fields import FREE_FIELDS, free_field
+from dcp_invariant.evidence.verify import verify_files
+
+README = Path(__file__).parent.parent.parent / "README.md"
+SYNTHETIC = "synthetic fixture run"
+ARTIFACTS = {p.relative_to(DATA).as_posix(): p for p in artifact_dirs()}
+
+
+@dataclass
+class Outcome:
+    tried: int = 0
+    rejected: int = 0
+    free: Counter[str] = field(default_factory=Counter)  # passing edits by free-field path
+    unexplained: list[str] = field(default_factory=list)  # passed, and not a free field
+    unnamed: list[str] = field(default_factory=list)  # refused without naming the culprit
+
+
+def _files(name: str) -> dict[str, bytes]:
+    return synthetic.build() if name == SYNTHETIC else read_artifact(ARTIFACTS[name])
+
+
+@functools.cache
+def outcome(name: str) -> Outcome:
+    out = Outcome()
+    for m in mutations(_files(name)):
+        out.tried += 1
+        report = verify_files(m.files)
+        what = f"{m.file} {m.path} ({m.edit})"
+        if report.passed:
+            free = free_field(m.file, m.path)
+            if free is None:
+                out.unexplained.append(what)
+            else:
+                out.free[f"{free.files} {free.path}"] += 1
+            continue
+        out.rejected += 1
+        said = report.problems + [
+            reason
+            for result in report.results.values()
+            if result["verdict"] == "fail"
+            for reason in result["reasons"]
+        ]
+        # An edit to provenance's plan is named by every observation it no longer matches.
+        culprit = m.file.rsplit("/", 1)[-1].removesuffix(".json")
+        if not any(m.file in s or culprit in s for s in said) and m.file != schema.PROVENANCE_FILE:
+            out.unnamed.append(f"{what}: {said[:2]}")
+    return out
+
+
+def test_there_is_a_registered_artifact_to_mutate() -> None:
+    assert "artifact" in ARTIFACTS
+
+
+@pytest.mark.parametrize("name", [*ARTIFACTS, SYNTHETIC])
+def test_the_unmutated_artifact_passes(name: str) -> None:
+    report = verify_files(_files(name))
+    assert report.problems == []
+    assert report.passed
+
+
+@pytest.mark.parametrize("name", [*ARTIFACTS, SYNTHETIC])
+def test_every_single_edit_is_refused_unless_the_field_is_free(name: str) -> None:
+    out = outcome(name)
+
+    free = sum(out.free.values())
+    print(f"{name}: {out.tried} edits tried, {out.rejected} refused, {free} on free fields")
+    assert out.tried > 500  # the walk really walked
+    assert out.unexplained == [], "\n".join(out.unexplained)
+    assert out.unnamed == [], "\n".join(out.unnamed)
+    assert out.tried == out.rejected + free
+
+
+def test_every_free_field_is_really_unchecked() -> None:
+    # Each entry must let at least one edit through somewhere; otherwise it is checked now and
+    # belongs off the list (and out of the README).
+    passed: Counter[str] = Counter()
+    for name in [*ARTIFACTS, SYNTHETIC]:
+        passed.update(outcome(name).free)
+    assert [f"{f.files} {f.path}" for f in FREE_FIELDS if not passed[f"{f.files} {f.path}"]] == []
+
+
+def test_the_readme_lists_exactly_the_free_fields() -> None:
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## The evidence") :]
+    section = section[: section.index("\n## ", 1)]
+    listed = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \| (.+) \|$", section, flags=re.M)
+    assert [(f, p, r.replace("`", "")) for f, p, r in listed] == [
+        (f.files, f.path, f.reason) for f in FREE_FIELDS
+    ]
