@@ -11,7 +11,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-Family = Literal["training", "dtensor", "elastic", "rank_exit", "damaged", "resume", "reshard"]
+Family = Literal[
+    "training", "dtensor", "elastic", "rank_exit", "damaged", "resume", "reshard", "async_resume"
+]
+# How an async_resume scenario saves: dcp.async_save in thread mode, with the default
+# synchronous staging or with DefaultStager's background staging.
+AsyncMode = Literal["thread", "staged"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 # DCP's on-disk names (torch/distributed/checkpoint/filesystem.py): FileSystemWriter.finish()
@@ -91,6 +96,7 @@ class Scenario:
     target_world_size: int
     summary: str
     damage: Damage | None = None
+    async_mode: AsyncMode | None = None
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -249,6 +255,28 @@ def fixture_plan(
         for b in sizes
         if a != b
     ]
+    scenarios += [
+        Scenario(
+            f"async_resume_{w}",
+            "async_resume",
+            w,
+            w,
+            f"dcp.async_save at step {n} while step {n + 1} runs; the checkpoint holds step {n}",
+            async_mode="thread",
+        )
+        for w in sizes
+    ]
+    # Background staging (DefaultStager) at the largest world size: one is enough to show it.
+    scenarios.append(
+        Scenario(
+            f"async_staged_resume_{sizes[-1]}",
+            "async_resume",
+            sizes[-1],
+            sizes[-1],
+            f"async_save with background staging; step {n + 1} waits for the staging only",
+            async_mode="staged",
+        )
+    )
     if 2 in sizes:
         scenarios.append(ELASTIC_SCENARIO)
     return Plan("fixture", fixture, sizes, n, k, tuple(scenarios))

@@ -188,3 +188,21 @@ def nondeterminism(where: str, first: Mapping[str, Any], second: Mapping[str, An
             "keep the thread count fixed"
         ]
     return []
+
+
+CHANGED_DURING_SAVE = "changed during the save"
+
+
+def changed_during_save(
+    where: str, saved: Keys, after_save: Keys, loaded: Keys, steps_before: int
+) -> list[str]:
+    """Keys an async checkpoint holds as they were after the overlapping step, not at the save."""
+    keys = sorted(k for k in loaded if saved.get(k) != loaded[k] and after_save.get(k) == loaded[k])
+    if not keys:
+        return []
+    return [
+        f"{CHANGED_DURING_SAVE}: {where}: {_named(keys)} hold the state after step "
+        f"{steps_before + 1}, which ran during the write, not the state at the save: the write "
+        "read tensors the training loop went on changing (a state_dict() that returns live "
+        "references, or a stager that copies late); the next step had started before the write"
+    ]

@@ -178,6 +178,18 @@ fixture_resume_rank = record(
         32 * (plan.MAX_STEPS + 1),
     ),
 )
+# An async save's own facts: the next step overlapped the write, and the write's outcome.
+async_train_rank = record(
+    rank=integer(0),
+    losses_before=list_of(float_hex, plan.MAX_STEPS),
+    saved=optional(key_records),
+    steps=_steps,
+    **{
+        "async": record(
+            pending_during_step=boolean, staged_first=boolean, upload_error=optional(string)
+        )
+    },
+)
 _fixture_common: dict[str, Check] = {
     **_common,
     "fixture": string,
@@ -194,6 +206,12 @@ FAMILY_SHAPES: dict[str, Check] = {
         repeat=optional(group(fixture_train_rank)),
     ),
     "reshard": record(**_fixture_common, source=group(fixture_train_rank)),
+    "async_resume": record(
+        **_fixture_common,
+        save_mode=one_of("thread", "staged"),
+        reference=optional(group(async_train_rank)),
+        repeat=optional(group(async_train_rank)),
+    ),
     "training": record(
         **_common,
         fixture=string,

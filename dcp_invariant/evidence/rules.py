@@ -400,6 +400,42 @@ def _resume(scenario: plan.Scenario, obs: Obs) -> list[str]:
     return reasons + cause_1 + hints + cause_2
 
 
+def _async_resume(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    """A resume whose save was async: the write overlapped step N+1 and still holds step N."""
+    n, mode = obs["steps_before_save"], obs["save_mode"]
+    reasons = []
+    if mode != scenario.async_mode:
+        reasons.append(f"plan: saved in {mode} mode, the scenario saves in {scenario.async_mode}")
+    for arm in ("reference", "repeat"):
+        for rank in (obs[arm] or {"ranks": []})["ranks"]:
+            facts, where = rank["async"], f"async save ({arm}) rank {rank['rank']}"
+            if facts["upload_error"] is not None:
+                reasons.append(f"{where}: the background write failed: {facts['upload_error']}")
+            if not facts["pending_during_step"]:
+                reasons.append(
+                    f"{where}: the write had finished before step {n + 1} ended, so nothing "
+                    "overlapped it"
+                )
+            if facts["staged_first"] != (mode == "staged"):
+                reasons.append(f"{where}: staging did not follow the {mode} mode")
+    during = []
+    if obs["target"] is not None and obs["reference"] is not None:
+        after_save = {
+            r["rank"]: r["steps"][0]["keys"] for r in obs["reference"]["ranks"] if r["steps"]
+        }
+        saved = _saved_by_rank(obs["reference"])
+        for rank in obs["target"]["ranks"]:
+            if rank["loaded"] is not None:
+                during += diagnosis.changed_during_save(
+                    f"rank {rank['rank']}",
+                    saved.get(rank["rank"], {}),
+                    after_save.get(rank["rank"], {}),
+                    rank["loaded"],
+                    n,
+                )
+    return reasons + during + _resume(scenario, obs)
+
+
 def _reshard(scenario: plan.Scenario, obs: Obs) -> list[str]:
     n, a, b = obs["steps_before_save"], scenario.source_world_size, scenario.target_world_size
     reasons = _fixture_arm(obs["source"], a, n, 0, "source")
@@ -456,6 +492,7 @@ FAMILY_RULES = {
     "damaged": _damaged,
     "resume": _resume,
     "reshard": _reshard,
+    "async_resume": _async_resume,
 }
 
 
@@ -514,7 +551,7 @@ def consistency(
             continue
         family = run_plan.scenario(name).family
         w = obs["source_world_size"]
-        if family in ("resume", "reshard"):
+        if family in ("resume", "reshard", "async_resume"):
             _fixture_sightings(seen, name, obs, w)
         else:
             _registered_sightings(seen, name, obs, family, w, run_plan)
@@ -568,7 +605,7 @@ def _registered_sightings(
 
 
 def _fixture_sightings(seen: _Sightings, name: str, obs: Obs, w: int) -> None:
-    # Every arm that trained N steps and saved.
+    # Every arm that trained N steps and saved: an async save records the state at the save.
     arms = ("source",) if "source" in obs else ("reference", "repeat")
     for arm in arms:
         if obs.get(arm) is None:

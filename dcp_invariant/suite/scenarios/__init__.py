@@ -26,4 +26,5 @@ DRIVERS: dict[str, Driver] = {
     "damaged": damaged.run,
     "resume": resume.run,
     "reshard": reshard.run,
+    "async_resume": resume.run,
 }

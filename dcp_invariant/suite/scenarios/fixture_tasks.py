@@ -7,16 +7,22 @@ workspace so a later group can say by how much a key differs, not only that it d
 
 from __future__ import annotations
 
+import os
+import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from dcp_invariant.suite import state_keys
 from dcp_invariant.suite.fixture import FixtureError, build_app, checked_loss, checked_state
 from dcp_invariant.suite.scenarios.tasks import load_through_pointer
-from dcp_invariant.suite.worker import Report
+from dcp_invariant.suite.worker import Report, loopback_gloo_options
 
 
 def fixture_probe(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
@@ -41,20 +47,114 @@ def fixture_probe(rank: int, world_size: int, payload: dict[str, Any], report: R
 
 
 def fixture_train(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
-    """Take N steps, save through DCP, then take K more: the uninterrupted arm (or a source)."""
+    """Take N steps, save through DCP, then take K more: the uninterrupted arm (or a source).
+
+    With ``async_mode`` the save is ``dcp.async_save``, and step N+1 runs while its write is
+    held back, as a trainer's next step runs while the checkpoint uploads.
+    """
     spec = payload["fixture"]
     app = build_app(spec, rank, world_size)
     record: dict[str, Any] = {"losses_before": [], "rank": rank, "saved": None, "steps": []}
     for _ in range(payload["steps_before"]):
         record["losses_before"].append(checked_loss(spec, app.step()).hex())
-    dcp_save({"app": app}, storage_writer=FileSystemWriter(payload["checkpoint"]))
-    record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
+    mode = payload.get("async_mode")
+    if mode is None:
+        dcp_save({"app": app}, storage_writer=FileSystemWriter(payload["checkpoint"]))
+        record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
+    else:
+        # The state at the save is what the checkpoint must hold, whatever comes after.
+        record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
+        record["async"] = _save_while_stepping(spec, app, payload, record, rank, mode)
     report(record)
-    for step in range(1, payload["steps_after"] + 1):
+    for step in range(len(record["steps"]) + 1, payload["steps_after"] + 1):
         loss = checked_loss(spec, app.step()).hex()
         keys = _observe(spec, app, payload["snapshots"], rank, f"step-{step}")
         record["steps"].append({"keys": keys, "loss": loss})
         report(record)
+
+
+class _GatedWriter(FileSystemWriter):
+    """Writes nothing until the gate file exists: the next step certainly overlaps the save."""
+
+    def __init__(self, path: str, gate: Path, timeout: float) -> None:
+        super().__init__(path)
+        self._gate = gate
+        self._timeout = timeout
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        deadline = time.monotonic() + self._timeout
+        while not self._gate.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gate {self._gate.name} never opened")
+            time.sleep(0.005)
+        return super().write_data(plan, planner)
+
+
+class _LazyStager:
+    """Stages nothing: the write reads the live tensors later. Only to prove the check fails."""
+
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict: Any) -> Any:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+# A test hook, never set in a real run: the live tests prove with it that a save which reads
+# the tensors after the next step has moved them is caught.
+STAGER_ENV = "DCP_INVARIANT_TEST_STAGER"
+
+
+def _stager(mode: str) -> Any:
+    if os.environ.get(STAGER_ENV) == "lazy":
+        return _LazyStager()
+    if mode == "staged":
+        # Pinned and shared memory need an accelerator; this is a CPU run.
+        return DefaultStager(StagingOptions(False, False, True, False))
+    return None  # async_save's own default: a synchronous copy before it returns
+
+
+def _save_while_stepping(
+    spec: str, app: Any, payload: dict[str, Any], record: dict[str, Any], rank: int, mode: str
+) -> dict[str, Any]:
+    """async_save, step N+1 while the write waits at the gate, then let it finish."""
+    # Checkpoint collectives run in DCP's background thread: on the training group they could
+    # interleave with the step's all-reduces, so they get a group of their own (as torchtitan's
+    # async checkpointing does).
+    group = dist.new_group(backend="gloo", pg_options=loopback_gloo_options())
+    gate = Path(payload["checkpoint"] + f".gate-rank{rank}")
+    timeout = float(payload["timeout"])
+    writer = _GatedWriter(payload["checkpoint"], gate, timeout)
+    stager = _stager(mode)
+    response = async_save(
+        {"app": app}, storage_writer=writer, process_group=group, async_stager=stager
+    )
+    staged_first = isinstance(response, AsyncSaveResponse)
+    if isinstance(response, AsyncSaveResponse):
+        # The documented pattern: the next step waits for the staging, not for the upload.
+        response.staging_completion.result(timeout=timeout)
+        upload: Future[Any] = response.upload_completion
+    else:
+        upload = response
+    loss = checked_loss(spec, app.step()).hex()
+    keys = _observe(spec, app, payload["snapshots"], rank, "step-1")
+    pending = not upload.done()
+    gate.touch()
+    error = None
+    try:
+        upload.result(timeout=timeout)
+    except Exception as exc:  # recorded: a background save's failure must never be lost
+        error = f"{type(exc).__name__}: {exc}"
+    record["steps"].append({"keys": keys, "loss": loss})
+    if stager is not None:
+        stager.close()
+    dist.destroy_process_group(group)
+    return {"pending_during_step": pending, "staged_first": staged_first, "upload_error": error}
 
 
 def fixture_resume(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:

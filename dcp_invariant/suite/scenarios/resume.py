@@ -1,4 +1,7 @@
-"""resume_<w>: the user's fixture, interrupted at step N and resumed by fresh processes at w.
+"""resume_<w> and async_resume_<w>: the user's fixture, saved at step N, resumed at w.
+
+async_resume saves with ``dcp.async_save`` and takes step N+1 while the write is held back; the
+checkpoint must still hold the state at step N.
 
 The uninterrupted arm runs twice, so a fixture that does not repeat itself is reported as
 non-deterministic instead of the resume being blamed; then the first arm's checkpoint is sealed
@@ -17,6 +20,7 @@ REFERENCE_SNAPSHOTS = "snapshots/reference"
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
     sc, the_plan = ctx.scenario, ctx.run_plan
+    fields: dict[str, Any] = {"save_mode": sc.async_mode} if sc.async_mode else {}
     obs = ctx.begin(
         fixture=ctx.fixture,
         steps_before_save=the_plan.steps_before,
@@ -25,15 +29,19 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         repeat=None,
         commit=None,
         target=None,
+        **fields,
     )
     del obs["source"]
     label = the_plan.baseline_label
+    saving: dict[str, Any] = (
+        {"async_mode": sc.async_mode, "timeout": ctx.pool.timeout} if sc.async_mode else {}
+    )
     with ctx.recording(obs):
         reference = ctx.group(
             "reference",
             "fixture_tasks:fixture_train",
             sc.source_world_size,
-            train_payload(ctx, label, REFERENCE_SNAPSHOTS, the_plan.steps_after),
+            {**train_payload(ctx, label, REFERENCE_SNAPSHOTS, the_plan.steps_after), **saving},
         )
         obs["reference"] = reference.record()
         if not reference.ok:
@@ -42,7 +50,10 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
             "repeat",
             "fixture_tasks:fixture_train",
             sc.source_world_size,
-            train_payload(ctx, f"repeat-{label}", "snapshots/repeat", the_plan.steps_after),
+            {
+                **train_payload(ctx, f"repeat-{label}", "snapshots/repeat", the_plan.steps_after),
+                **saving,
+            },
         )
         obs["repeat"] = repeat.record()
         if not repeat.ok:
