@@ -26,6 +26,25 @@ def train_payload(
     }
 
 
+def resume_group(ctx: ScenarioContext, snapshots: str, *, compare_steps: bool) -> dict[str, Any]:
+    """Fresh ranks at the target world size load through the pointer and take K steps."""
+    sc = ctx.scenario
+    target = ctx.group(
+        "target",
+        "fixture_tasks:fixture_resume",
+        sc.target_world_size,
+        {
+            "compare_steps": compare_steps,
+            "fixture": ctx.fixture,
+            "reference": snapshots,
+            "source_world_size": sc.source_world_size,
+            "steps_after": ctx.run_plan.steps_after,
+            "store": STORE_ROOT,
+        },
+    )
+    return ctx.target_record(target)
+
+
 def run(ctx: ScenarioContext) -> dict[str, Any]:
     sc, the_plan = ctx.scenario, ctx.run_plan
     obs = ctx.begin(
@@ -49,18 +68,5 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         obs["commit"] = ctx.commit(label)
         if not obs["commit"]["promoted"]:
             return obs
-        target = ctx.group(
-            "target",
-            "fixture_tasks:fixture_resume",
-            sc.target_world_size,
-            {
-                "compare_steps": False,
-                "fixture": ctx.fixture,
-                "reference": SOURCE_SNAPSHOTS,
-                "source_world_size": sc.source_world_size,
-                "steps_after": the_plan.steps_after,
-                "store": STORE_ROOT,
-            },
-        )
-        obs["target"] = ctx.target_record(target)
+        obs["target"] = resume_group(ctx, SOURCE_SNAPSHOTS, compare_steps=False)
     return obs

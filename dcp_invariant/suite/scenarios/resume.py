@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
-from dcp_invariant.suite.scenarios.reshard import train_payload
+from dcp_invariant.suite.scenarios.common import ScenarioContext
+from dcp_invariant.suite.scenarios.reshard import resume_group, train_payload
 
 REFERENCE_SNAPSHOTS = "snapshots/reference"
 
@@ -61,18 +61,5 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         obs["commit"] = ctx.commit(label)
         if not obs["commit"]["promoted"]:
             return obs
-        target = ctx.group(
-            "target",
-            "fixture_tasks:fixture_resume",
-            sc.target_world_size,
-            {
-                "compare_steps": True,
-                "fixture": ctx.fixture,
-                "reference": REFERENCE_SNAPSHOTS,
-                "source_world_size": sc.source_world_size,
-                "steps_after": the_plan.steps_after,
-                "store": STORE_ROOT,
-            },
-        )
-        obs["target"] = ctx.target_record(target)
+        obs["target"] = resume_group(ctx, REFERENCE_SNAPSHOTS, compare_steps=True)
     return obs
