@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 SEED = 1234
 SAMPLES = 32  # one epoch: 4 global batches, so the order is reshuffled before step 5
@@ -106,7 +108,8 @@ class Correct:
         flat = torch.cat([grad.flatten() for grad in grads])
         dist.all_reduce(flat)
         flat /= self.world_size
-        for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):
+        sizes = [grad.numel() for grad in grads]
+        for grad, reduced in zip(grads, torch.split(flat, sizes), strict=True):
             grad.copy_(reduced.view_as(grad))
 
     def step(self) -> float:
@@ -128,7 +131,8 @@ class Correct:
 
 class OptimizerStateNaive(Correct):
     """Checkpoints ``optimizer.state_dict()`` instead of get_state_dict/set_state_dict. A fresh
-    optimizer's own state is empty, so DCP has no AdamW moments to fill: they are dropped on load."""
+    optimizer's own state is empty, so DCP has no AdamW moments or steps to fill and the loaded
+    optimizer state is silently empty (pytorch/pytorch #140898)."""
 
     def state_dict(self) -> dict[str, Any]:
         model, optim = self.model.state_dict(), self.optimizer.state_dict()
@@ -235,9 +239,6 @@ class Fsdp2(Correct):
     reduce-scatters (and averages) the gradients itself; the loss is still all-reduced."""
 
     def build_model(self) -> torch.nn.Sequential:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
         model = super().build_model()  # identical full weights on every rank, then sharded
         mesh = init_device_mesh("cpu", (self.world_size,))
         for layer in model:
