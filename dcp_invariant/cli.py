@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--artifact-dir", type=Path, help="artifact directory (same as the positional)"
     )
+    verify.add_argument(
+        "--verbose",
+        action="store_true",
+        help="list every problem even of a directory that is not an artifact at all",
+    )
     sub.add_parser("list", help="list the scenarios")
     report = sub.add_parser(
         "github-report",
@@ -152,28 +157,38 @@ def _verify(args: argparse.Namespace) -> int:
     directory = args.directory or args.artifact_dir
     if directory is None:
         raise UsageError("no artifact directory: dcp-invariant verify DIR")
-    if not directory.is_dir():
+    try:
+        is_dir = directory.is_dir()
+    except (OSError, ValueError):  # a name too long for the OS, say
+        is_dir = False
+    if not is_dir:
         raise UsageError(
-            f"{directory} is not a directory: pass the directory `dcp-invariant run` wrote"
+            f"{canonical.shown(str(directory))} is not a directory: pass the directory "
+            "`dcp-invariant run` wrote"
         )
     report = verify_artifact(directory)
-    for name in report.run_plan.names:
-        result = report.results.get(name)
-        if result is None:
-            print(f"INVALID  {name}")
-            continue
-        print(f"{result['verdict'].upper():<7}  {name}")
-        for reason in result["reasons"]:
-            print(f"         - {reason}")
-    for problem in report.problems:
-        print(f"invalid: {problem}")
-    if not report.valid:
-        print(f"verdict: invalid artifact ({len(report.problems)} problems)")
-        return EXIT_FAIL
-    failed = sum(r["verdict"] == "fail" for r in report.results.values())
-    print(
-        f"verdict: {'fail' if failed else 'pass'} ({len(report.results) - failed} passed, {failed} failed)"
-    )
+    lines = []
+    if not report.artifact_like:
+        # A repository root or an empty directory: one line says what it is.
+        lines.append(f"not a dcp-invariant artifact: no {schema.MANIFEST_FILE}")
+    if report.artifact_like or args.verbose:
+        for name in report.run_plan.names:
+            result = report.results.get(name)
+            if result is None:
+                lines.append(f"INVALID  {name}")
+                continue
+            lines.append(f"{result['verdict'].upper():<7}  {name}")
+            lines += [f"         - {canonical.shown(reason)}" for reason in result["reasons"]]
+        lines += [f"invalid: {canonical.shown(problem)}" for problem in report.problems]
+        if not report.valid:
+            lines.append(f"verdict: invalid artifact ({len(report.problems)} problems)")
+        else:
+            failed = sum(r["verdict"] == "fail" for r in report.results.values())
+            passed = len(report.results) - failed
+            lines.append(
+                f"verdict: {'fail' if failed else 'pass'} ({passed} passed, {failed} failed)"
+            )
+    _print_lines(lines)
     return EXIT_OK if report.passed else EXIT_FAIL
 
 
@@ -184,19 +199,42 @@ def _github_report(args: argparse.Namespace) -> int:
         name = github.artifact_name(args.artifact_name, args.torch_version, os.environ)
     except github.ArtifactNameError as exc:
         raise UsageError(str(exc)) from exc
+    # Everything is built before anything is written: all outputs reach the files, or none.
     report = github.report_for(args.artifact_dir)
     markdown = github.summary(args.artifact_dir, report)
     values = {**github.outputs(args.artifact_dir, report), "artifact-name": name}
-    if args.summary_file is None:
-        print(markdown, end="")
-    else:
-        github.append_summary(args.summary_file, markdown)
-    if args.output_file is None:
-        print("".join(f"{k}={v}\n" for k, v in values.items()), end="")
-    else:
-        github.write_outputs(args.output_file, values)
+    rendered = github.render_outputs(values)
+    try:
+        if args.output_file is None:
+            _print_lines([rendered], end="")
+        else:
+            github.append(args.output_file, rendered)
+        if args.summary_file is None:
+            _print_lines([markdown], end="")
+        else:
+            github.append(args.summary_file, markdown)
+    except OSError as exc:
+        print(f"dcp-invariant: error: cannot write the report: {exc}", file=sys.stderr)
     # The gate step decides pass or fail; this step must not stop the upload before it.
     return EXIT_OK
+
+
+def _print_lines(lines: list[str], end: str = "\n") -> None:
+    """Print to stdout in the terminal's encoding, and stop quietly when the reader has gone
+    (``verify DIR | head -1``), as https://docs.python.org/3/library/signal.html#note-on-sigpipe
+    recommends: stdout is pointed at devnull so the interpreter's final flush is silent too."""
+    text = "".join(line + end for line in lines)
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    text = text.encode(encoding, "backslashreplace").decode(encoding, "replace")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass  # not a real file descriptor: nothing left to flush at exit
 
 
 def _run(args: argparse.Namespace) -> int:

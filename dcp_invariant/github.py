@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import html
+import os
 import platform
 import re
+import secrets
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,79 +54,190 @@ def artifact_name(given: str, torch_version: str, env: Mapping[str, str]) -> str
     return _BAD_NAME_CHARS.sub("-", "-".join(parts))
 
 
+# GitHub drops a job summary over 1 MiB
+# (https://docs.github.com/en/actions/using-workflows/workflow-commands-for-github-actions#step-isolation-and-limits);
+# the table and problem list are cut to stay under this, with a note saying so.
+MAX_SUMMARY_BYTES = 900_000
+# Past this the manifest is not hashed: the verifier refuses to read it, so it names nothing.
+MAX_HASHED_BYTES = schema.MAX_FIXTURE_FILE_BYTES
+
+
 def outputs(directory: Path, report: Report | None) -> dict[str, str]:
-    """Step outputs the action declares: verdict, passed, failed, manifest-sha256, evidence-dir."""
+    """Step outputs: verdict, passed, failed, valid, problems, manifest-sha256, evidence-dir."""
     results = report.results if report is not None else {}
     passed = sum(r["verdict"] == "pass" for r in results.values())
-    manifest = directory / schema.MANIFEST_FILE
     return {
         "verdict": "pass" if report is not None and report.passed else "fail",
         "passed": str(passed),
         "failed": str(len(_names(report)) - passed),
-        "manifest-sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()
-        if manifest.is_file()
-        else "",
-        "evidence-dir": str(directory.resolve()),
+        # A workflow gating on `failed` alone would miss an invalid artifact whose scenarios pass.
+        "valid": "true" if report is not None and report.valid else "false",
+        "problems": str(len(report.problems) if report is not None else 1),
+        "manifest-sha256": manifest_sha256(directory),
+        "evidence-dir": _text(_absolute(directory)),
     }
 
 
+def manifest_sha256(directory: Path) -> str:
+    """SHA-256 of the artifact's manifest, streamed; empty when there is no such regular file.
+
+    Never follows a symlink or opens a FIFO, and never hashes past the verifier's size bound.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(directory / schema.MANIFEST_FILE, flags | getattr(os, "O_BINARY", 0))
+    except (OSError, ValueError):
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_HASHED_BYTES:
+            return ""
+        digest = hashlib.sha256()
+        size = 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > MAX_HASHED_BYTES:  # it grew while read
+                return ""
+            digest.update(chunk)
+        return digest.hexdigest()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
 def summary(directory: Path, report: Report | None) -> str:
-    """Markdown for ``$GITHUB_STEP_SUMMARY``: a verdict line, a table, problems folded away."""
+    """Markdown for ``$GITHUB_STEP_SUMMARY``: a verdict line, a table, problems folded away.
+
+    At most MAX_SUMMARY_BYTES of UTF-8, whatever the artifact holds.
+    """
     out = outputs(directory, report)
-    lines = [
-        f"## dcp-invariant: {out['verdict']} ({out['passed']} passed, {out['failed']} failed)",
-        "",
-    ]
     if report is None:
-        lines += [
-            f"No evidence artifact at `{_cell(str(directory))}`: the suite did not write one."
-        ]
-        return "\n".join(lines) + "\n"
-    lines += ["| scenario | verdict | reason |", "|---|---|---|"]
+        return (
+            "## dcp-invariant: no artifact\n\n"
+            f"No evidence artifact at `{_cell(out['evidence-dir'])}`: the suite did not write one.\n"
+        )
+    if report.valid:
+        headline = f"{out['verdict']} ({out['passed']} passed, {out['failed']} failed)"
+    else:
+        headline = f"invalid artifact ({len(report.problems)} problems)"
+    footer = [
+        "",
+        "Verify a downloaded artifact offline with `dcp-invariant verify DIR` first (it refuses "
+        "a manifest naming files outside DIR); only if it passes, `sha256sum -c manifest.sha256` "
+        "inside DIR.",
+    ]
+    lines = _Bounded(MAX_SUMMARY_BYTES - _size(footer) - 1024)
+    lines.add(f"## dcp-invariant: {headline}", "")
+    lines.add("| scenario | verdict | reason |", "|---|---|---|")
     for name in _names(report):
         result = report.results.get(name)
         if result is None:
-            lines.append(
-                f"| `{name}` | invalid | its observation does not have the schema's shape |"
-            )
+            lines.add(f"| `{name}` | invalid | its observation does not have the schema's shape |")
             continue
         reasons = result["reasons"]
         reason = _cell(reasons[0]) if reasons else ""
         if len(reasons) > 1:
             reason += f" (+{len(reasons) - 1} more)"
-        lines.append(f"| `{name}` | {result['verdict']} | {reason} |")
+        lines.add(f"| `{name}` | {result['verdict']} | {reason} |")
     if report.problems:
-        lines += [
+        lines.add(
             "",
             f"<details><summary>The artifact is invalid: {len(report.problems)} problems</summary>",
             "",
-            *[f"- {_cell(p)}" for p in report.problems],
-            "",
-            "</details>",
-        ]
-    lines += [
-        "",
-        "Verify a downloaded artifact offline: `dcp-invariant verify DIR` and, inside it, "
-        "`sha256sum -c manifest.sha256`.",
-    ]
-    return "\n".join(lines) + "\n"
+        )
+        for problem in report.problems:
+            lines.add(f"- {_cell(problem)}")
+        lines.close("", "</details>")
+    return "\n".join([*lines.done(), *footer]) + "\n"
+
+
+class _Bounded:
+    """Lines up to a byte budget; what does not fit is counted and named in a closing note."""
+
+    def __init__(self, budget: int) -> None:
+        self.lines: list[str] = []
+        self.budget = budget
+        self.left_out = 0
+        self.closing: list[str] = []
+
+    def add(self, *lines: str) -> None:
+        for line in lines:
+            size = len(line.encode("utf-8")) + 1
+            if self.left_out or size > self.budget:
+                self.left_out += 1
+                continue
+            self.budget -= size
+            self.lines.append(line)
+
+    def close(self, *lines: str) -> None:
+        self.closing += lines  # always written, so an open <details> is always closed
+
+    def done(self) -> list[str]:
+        note = []
+        if self.left_out:
+            note = [
+                "",
+                f"… {self.left_out} more lines left out: a job summary is capped at "
+                f"{MAX_SUMMARY_BYTES} bytes; `dcp-invariant verify DIR` prints everything.",
+            ]
+        return [*self.lines, *note, *self.closing]
+
+
+def _size(lines: list[str]) -> int:
+    return sum(len(line.encode("utf-8")) + 1 for line in lines)
 
 
 def report_for(directory: Path) -> Report | None:
-    return verify_artifact(directory) if directory.is_dir() else None
+    try:
+        is_dir = directory.is_dir()
+    except (OSError, ValueError):  # a name too long, or one the OS cannot take
+        is_dir = False
+    return verify_artifact(directory) if is_dir else None
 
 
-def write_outputs(path: Path, values: dict[str, str]) -> None:
-    with open(path, "a", encoding="utf-8", newline="\n") as f:
-        for key, value in values.items():
-            if "\n" in value or "\r" in value:
-                raise ValueError(f"output {key} spans lines")
-            f.write(f"{key}={value}\n")
+def render_outputs(values: Mapping[str, str]) -> str:
+    """``$GITHUB_OUTPUT`` lines; a value with a line break uses the documented delimiter form
+    (https://docs.github.com/en/actions/using-workflows/workflow-commands-for-github-actions#multiline-strings)."""
+    out = []
+    for key, value in values.items():
+        value = _text(value)
+        if "\n" in value or "\r" in value:
+            delimiter = f"ghadelimiter_{secrets.token_hex(16)}"
+            out.append(f"{key}<<{delimiter}\n{value}\n{delimiter}\n")
+        else:
+            out.append(f"{key}={value}\n")
+    return "".join(out)
+
+
+def write_outputs(path: Path, values: Mapping[str, str]) -> None:
+    """Append every output with one write: all of them reach the file, or none does."""
+    append(path, render_outputs(values))
 
 
 def append_summary(path: Path, markdown: str) -> None:
+    append(path, markdown)
+
+
+def append(path: Path, text: str) -> None:
     with open(path, "a", encoding="utf-8", newline="\n") as f:
-        f.write(markdown)
+        f.write(_text(text))
+
+
+def _text(text: str) -> str:
+    """``text`` as valid UTF-8: bytes a file name could not decode become ``\\xNN``."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that no undecodable byte stands for
+        raw = text.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _absolute(directory: Path) -> str:
+    try:
+        return str(directory.resolve())
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a name too long
+        return os.path.abspath(directory)
 
 
 def _names(report: Report | None) -> tuple[str, ...]:
@@ -131,7 +245,7 @@ def _names(report: Report | None) -> tuple[str, ...]:
 
 
 def _cell(text: str) -> str:
-    text = " ".join(text.split())
+    text = " ".join(_text(text).split())
     if len(text) > MAX_REASON_CHARS:
         text = text[: MAX_REASON_CHARS - 1] + "…"
     return html.escape(text, quote=False).replace("|", "\\|")

@@ -7,6 +7,7 @@ validation regression fails fast instead of launching eleven scenarios.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -165,6 +166,104 @@ def test_verify_refuses_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli.main(["verify", str(path)]) == cli.EXIT_USAGE
 
     assert "artifact.zip is not a directory" in usage_error(capsys)
+
+
+def test_verify_of_an_empty_directory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["verify", str(tmp_path)]) == cli.EXIT_FAIL
+
+    assert capsys.readouterr().out == "not a dcp-invariant artifact: no manifest.sha256\n"
+
+
+def test_verify_of_the_repository_root_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).parent.parent
+    assert cli.main(["verify", str(root)]) == cli.EXIT_FAIL
+
+    assert capsys.readouterr().out == "not a dcp-invariant artifact: no manifest.sha256\n"
+
+
+def test_verify_verbose_lists_every_problem_of_a_non_artifact(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_bytes(b"x")
+
+    assert cli.main(["verify", "--verbose", str(tmp_path)]) == cli.EXIT_FAIL
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "not a dcp-invariant artifact: no manifest.sha256"
+    assert "invalid: notes.txt: unexpected file" in lines
+    assert "invalid: manifest.sha256: missing" in lines
+    assert lines[-1].startswith("verdict: invalid artifact (")
+
+
+def test_verify_of_an_artifact_without_its_manifest_lists_everything(
+    artifact_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # provenance.json is there: it is an artifact, damaged, and every problem matters.
+    (artifact_copy / schema.MANIFEST_FILE).unlink()
+
+    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_FAIL
+
+    lines = capsys.readouterr().out.splitlines()
+    assert "invalid: manifest.sha256: missing" in lines
+    assert lines[-1] == "verdict: invalid artifact (1 problems)"
+
+
+def test_verify_refuses_an_artifact_root_that_is_a_symlink(
+    artifact_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    link = tmp_path / "link"
+    try:
+        os.symlink(artifact_copy, link, target_is_directory=True)
+    except (OSError, NotImplementedError) as exc:
+        pytest.skip(f"symlinks unsupported here: {exc}")
+
+    assert cli.main(["verify", str(link)]) == cli.EXIT_FAIL
+
+    out = capsys.readouterr().out
+    assert "invalid: link: is a symlink; pass the real artifact directory" in out
+    # The directory it points to is a good artifact.
+    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_OK
+
+
+def test_verify_prints_each_problem_on_one_line(
+    artifact_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (artifact_copy / "a\nb\rc\x1b[31m").write_bytes(b"")
+
+    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_FAIL
+
+    lines = capsys.readouterr().out.splitlines()
+    assert "invalid: a\\nb\\rc\\x1b[31m: unexpected file" in lines
+    assert lines[-1] == "verdict: invalid artifact (1 problems)"
+
+
+def test_verify_refuses_a_name_too_long_for_the_os(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["verify", "x" * 5000]) == cli.EXIT_USAGE
+
+    assert "is not a directory" in usage_error(capsys)
+
+
+@pytest.mark.parametrize("verbose", [[], ["--verbose"]], ids=["plain", "verbose"])
+def test_verify_piped_into_head_exits_quietly(data_artifact: Path, verbose: list[str]) -> None:
+    # `verify DIR | head -1`: the reader goes away after one line.
+    script = (
+        "import os, sys\n"
+        "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+        "from dcp_invariant import cli\n"
+        f"sys.exit(cli.main(['verify', {str(data_artifact)!r}, *{verbose!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        check=False,
+    )
+
+    assert done.stderr == ""
+    assert done.returncode == cli.EXIT_OK  # the verdict, not the broken pipe
 
 
 @pytest.mark.parametrize("argv", [[], ["bogus"]], ids=["no command", "unknown command"])

@@ -3,14 +3,38 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from dcp_invariant import cli, github, plan
 from dcp_invariant.evidence import schema
-from dcp_invariant.evidence.verify import verify_artifact
+from dcp_invariant.evidence.verify import Report, verify_artifact
+
+OUTPUTS = ["verdict", "passed", "failed", "valid", "problems", "manifest-sha256", "evidence-dir"]
+
+
+def read_outputs(path: Path) -> dict[str, str]:
+    """``$GITHUB_OUTPUT`` as the runner reads it: ``key=value`` or ``key<<DELIMITER`` lines."""
+    values: dict[str, str] = {}
+    lines = path.read_text(encoding="utf-8").split("\n")
+    assert lines.pop() == ""
+    while lines:
+        line = lines.pop(0)
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            key, delimiter = line.split("<<", 1)
+            end = lines.index(delimiter)
+            values[key] = "\n".join(lines[:end])
+            del lines[: end + 1]
+        else:
+            key, value = line.split("=", 1)
+            values[key] = value
+    return values
 
 
 def _fail_corrupt_shard(observations) -> None:
@@ -24,6 +48,8 @@ def test_a_passing_artifact_reports_pass_with_its_manifest_digest(data_artifact:
         "verdict": "pass",
         "passed": "11",
         "failed": "0",
+        "valid": "true",
+        "problems": "0",
         "manifest-sha256": hashlib.sha256(manifest).hexdigest(),
         "evidence-dir": str(data_artifact.resolve()),
     }
@@ -90,9 +116,10 @@ def test_the_default_artifact_name_is_unique_per_matrix_job() -> None:
     assert github.artifact_name("mine", "2.11.0", env) == "mine"
 
 
-def test_outputs_refuse_multiline_values(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="spans lines"):
-        github.write_outputs(tmp_path / "out", {"verdict": "pass\nverdict=fail"})
+def test_a_multiline_value_cannot_inject_another_output(tmp_path: Path) -> None:
+    github.write_outputs(tmp_path / "out", {"verdict": "pass\nverdict=fail", "valid": "true"})
+
+    assert read_outputs(tmp_path / "out") == {"verdict": "pass\nverdict=fail", "valid": "true"}
 
 
 def test_the_cli_appends_to_the_runner_files_and_never_fails_the_step(
@@ -152,3 +179,188 @@ def test_the_report_reads_but_never_changes_the_artifact(
         ]
     )
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+
+
+# --- hostile and broken artifacts: bounded, never a crash, all outputs or none --------------
+
+
+def _report(directory: Path, tmp_path: Path) -> tuple[int, str, dict[str, str]]:
+    summary, output = tmp_path / "summary.md", tmp_path / "output"
+    code = cli.main(
+        [
+            "github-report",
+            "--artifact-dir",
+            str(directory),
+            "--summary-file",
+            str(summary),
+            "--output-file",
+            str(output),
+        ]
+    )
+    return code, summary.read_text(encoding="utf-8"), read_outputs(output)
+
+
+def test_an_invalid_artifact_whose_scenarios_pass_is_headlined_invalid(
+    artifact_copy: Path, tmp_path: Path
+) -> None:
+    # An edit the manifest no longer covers: every scenario still derives "pass".
+    path = artifact_copy / schema.PROVENANCE_FILE
+    path.write_bytes(path.read_bytes().replace(b"3.11.7", b"3.11.8"))
+
+    code, markdown, values = _report(artifact_copy, tmp_path)
+
+    assert code == cli.EXIT_OK
+    assert markdown.startswith("## dcp-invariant: invalid artifact (1 problems)\n")
+    assert "passed, 0 failed" not in markdown
+    assert (values["verdict"], values["valid"], values["problems"]) == ("fail", "false", "1")
+    assert (values["passed"], values["failed"]) == ("11", "0")
+
+
+def test_every_output_is_written_for_a_missing_artifact(tmp_path: Path) -> None:
+    code, markdown, values = _report(tmp_path / "never-written", tmp_path)
+
+    assert code == cli.EXIT_OK
+    assert list(values) == [*OUTPUTS, "artifact-name"]
+    assert (values["valid"], values["problems"], values["manifest-sha256"]) == ("false", "1", "")
+    assert markdown.startswith("## dcp-invariant: no artifact\n")
+
+
+def test_a_path_with_a_newline_is_reported_whole(artifact_copy: Path, tmp_path: Path) -> None:
+    directory = tmp_path / "evi\ndence"
+    artifact_copy.rename(directory)
+
+    code, markdown, values = _report(directory, tmp_path)
+
+    assert code == cli.EXIT_OK
+    assert list(values) == [*OUTPUTS, "artifact-name"]
+    assert values["evidence-dir"] == str(directory.resolve())
+    assert values["verdict"] == "pass"
+    assert markdown.startswith("## dcp-invariant: pass (11 passed, 0 failed)")
+
+
+def test_a_path_with_undecodable_bytes_is_reported_escaped(
+    artifact_copy: Path, tmp_path: Path
+) -> None:
+    raw = os.path.join(os.fsencode(tmp_path), b"evidence-\xff")
+    try:
+        os.rename(artifact_copy, raw)
+    except (OSError, ValueError) as exc:
+        pytest.skip(f"this filesystem refuses non-UTF-8 names: {exc}")
+    directory = Path(os.fsdecode(raw))
+
+    code, _, values = _report(directory, tmp_path)
+
+    assert code == cli.EXIT_OK
+    assert values["evidence-dir"].endswith("evidence-\\xff")
+    assert values["verdict"] == "pass"
+
+
+def test_an_unwritable_output_file_writes_nothing_and_exits_0(
+    data_artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = tmp_path / "summary.md"
+    code = cli.main(
+        [
+            "github-report",
+            "--artifact-dir",
+            str(data_artifact),
+            "--summary-file",
+            str(summary),
+            "--output-file",
+            str(tmp_path),  # a directory: cannot be opened for appending
+        ]
+    )
+
+    assert code == cli.EXIT_OK
+    assert "cannot write the report" in capsys.readouterr().err
+    assert not summary.exists()
+
+
+def test_a_huge_manifest_is_neither_read_nor_hashed(artifact_copy: Path, tmp_path: Path) -> None:
+    manifest = artifact_copy / schema.MANIFEST_FILE
+    with open(manifest, "r+b") as f:
+        f.truncate(2 << 30)  # sparse: 2 GiB that take no disk
+
+    started = time.monotonic()
+    _, markdown, values = _report(artifact_copy, tmp_path)
+
+    assert time.monotonic() - started < 20
+    assert values["manifest-sha256"] == ""
+    assert values["valid"] == "false"
+    assert "manifest.sha256: 2147483648 bytes, over the" in markdown
+
+
+def test_a_manifest_is_hashed_as_streamed_bytes(data_artifact: Path) -> None:
+    raw = (data_artifact / schema.MANIFEST_FILE).read_bytes()
+    assert github.manifest_sha256(data_artifact) == hashlib.sha256(raw).hexdigest()
+
+
+def test_a_symlinked_or_special_manifest_is_not_hashed(artifact_copy: Path, tmp_path: Path) -> None:
+    manifest = artifact_copy / schema.MANIFEST_FILE
+    manifest.unlink()
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(manifest)  # opening it for reading would block without O_NONBLOCK
+        assert github.manifest_sha256(artifact_copy) == ""
+        manifest.unlink()
+    try:
+        os.symlink(tmp_path / "elsewhere", manifest)
+    except (OSError, NotImplementedError) as exc:
+        pytest.skip(f"symlinks unsupported here: {exc}")
+    (tmp_path / "elsewhere").write_bytes(b"x")
+    assert github.manifest_sha256(artifact_copy) == ""
+
+
+def test_the_summary_stays_under_githubs_limit(data_artifact: Path) -> None:
+    report = verify_artifact(data_artifact)
+    report.problems = [
+        f"observations/x.json: unknown key 'k{i}' " + "y" * 200 for i in range(100_000)
+    ]
+
+    markdown = github.summary(data_artifact, report)
+
+    assert len(markdown.encode("utf-8")) <= github.MAX_SUMMARY_BYTES
+    assert markdown.startswith("## dcp-invariant: invalid artifact (100000 problems)")
+    assert "more lines left out" in markdown
+    assert markdown.count("<details>") == markdown.count("</details>") == 1
+    assert markdown.count("\n| `") == len(plan.SCENARIO_NAMES)  # the table is whole
+
+
+def test_a_100000_key_observation_gives_a_bounded_summary(
+    artifact_copy: Path, tmp_path: Path
+) -> None:
+    rel = schema.observation_file("training_1_to_1")
+    keys = ",".join(f'"{i:05d}":0' for i in range(100_000))
+    (artifact_copy / rel).write_bytes(b"{" + keys.encode() + b"}\n")
+
+    _, markdown, values = _report(artifact_copy, tmp_path)
+
+    assert len(markdown.encode("utf-8")) <= github.MAX_SUMMARY_BYTES
+    assert values["valid"] == "false"
+    assert int(values["problems"]) > 1000
+
+
+def test_github_report_stops_quietly_when_stdout_is_closed(data_artifact: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\n"
+            "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+            "from dcp_invariant import cli\n"
+            f"sys.exit(cli.main(['github-report', '--artifact-dir', {str(data_artifact)!r}]))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")},
+        check=False,
+    )
+
+    assert done.stderr == ""
+    assert done.returncode == cli.EXIT_OK
+
+
+def test_summary_of_a_report_with_no_results(tmp_path: Path) -> None:
+    report = Report(problems=["x: not a directory"])
+    markdown = github.summary(tmp_path, report)
+    assert markdown.startswith("## dcp-invariant: invalid artifact (1 problems)")
