@@ -108,7 +108,7 @@ def run_suite(
                 _refuse_environment_failures(ctx)
                 elapsed = time.monotonic() - started
                 reasons = rules.derive(name, obs, run_plan)
-                tails = [o.log_tail() for _, o in ctx.outcomes]
+                tails = [t for t in (o.log_tail() for _, o in ctx.outcomes) if t]
                 logs = "" if not reasons else "\n".join([*ctx.notes, *tails])
                 with lock:
                     observations[name] = obs
