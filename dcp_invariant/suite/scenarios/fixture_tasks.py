@@ -127,7 +127,9 @@ def _save_while_stepping(
     # interleave with the step's all-reduces, so they get a group of their own (as torchtitan's
     # async checkpointing does).
     group = dist.new_group(backend="gloo", pg_options=loopback_gloo_options())
-    gate = Path(payload["checkpoint"] + f".gate-rank{rank}")
+    # In the scenario's workspace, which exists already: the checkpoint's directory is made by
+    # the write, in the background thread, and may not exist yet when the gate opens.
+    gate = Path(f"{Path(payload['checkpoint']).name}.gate-rank{rank}")
     timeout = float(payload["timeout"])
     writer = _GatedWriter(payload["checkpoint"], gate, timeout)
     stager = _stager(mode)
