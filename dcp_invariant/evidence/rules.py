@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dcp_invariant import canonical, plan, runtimes
+from dcp_invariant import plan, runtimes
 from dcp_invariant.evidence import diagnosis, schema
 
 Obs = dict[str, Any]
@@ -513,18 +513,25 @@ class _Sightings:
         """A reason for each sighting that differs from the value most sightings agree on."""
         out: dict[str, list[str]] = {}
         for what, seen in self.groups.items():
-            keys = [canonical.dumps(value) for _, _, value in seen]
-            counts = Counter(keys)
+            # Values of one shape-checked type each, so == is exact; few distinct ones.
+            distinct: list[Any] = []
+            kinds: list[int] = []
+            for _, _, value in seen:
+                kind = next((i for i, d in enumerate(distinct) if d == value), len(distinct))
+                if kind == len(distinct):
+                    distinct.append(value)
+                kinds.append(kind)
+            counts = Counter(kinds)
             # The most common value; on a tie, the one recorded first in plan order.
-            agreed = max(counts, key=lambda k: (counts[k], -keys.index(k)))
+            agreed = max(counts, key=lambda k: (counts[k], -k))
             backers = sorted(
-                {name for (name, _, _), k in zip(seen, keys, strict=True) if k == agreed}
+                {name for (name, _, _), k in zip(seen, kinds, strict=True) if k == agreed}
             )
             shown = ", ".join(backers[:3]) + (
                 f" (+{len(backers) - 3} more)" if len(backers) > 3 else ""
             )
-            for (name, where, _), key in zip(seen, keys, strict=True):
-                if key != agreed:
+            for (name, where, _), kind in zip(seen, kinds, strict=True):
+                if kind != agreed:
                     out.setdefault(name, []).append(
                         f"consistency: {where} is not {what} recorded in {shown}: the same "
                         "fixture, trained the same steps, must give the same; the run is not "

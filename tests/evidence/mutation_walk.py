@@ -138,9 +138,28 @@ def _replace(root: Any, path: tuple[Any, ...], new: Any) -> Any:
     return old
 
 
-def mutations(files: dict[str, bytes]) -> Iterator[Mutation]:
-    """Every single edit of every JSON file of ``files``, resealed."""
+def count(files: dict[str, bytes]) -> int:
+    """How many edits :func:`mutations` would make, without making them."""
+    total = 0
+    for rel, data in files.items():
+        if rel.endswith(".json") and rel != schema.MANIFEST_FILE:
+            for path, value in _walk(canonical.loads(data), ()):
+                if path:
+                    total += len(
+                        list_edits(value) if isinstance(value, list) else leaf_edits(value)
+                    )
+    return total
+
+
+def mutations(files: dict[str, bytes], per_field: int | None = None) -> Iterator[Mutation]:
+    """Every single edit of every JSON file of ``files``, resealed.
+
+    With ``per_field``, each edit of each field (file, path with list positions collapsed) is
+    made at most that many times: a fixture run repeats its per-key records for every rank,
+    step and arm, all checked by the same comparisons, and would otherwise take minutes.
+    """
     covered = {rel: data for rel, data in files.items() if rel != schema.MANIFEST_FILE}
+    made: dict[tuple[str, str, str], int] = {}
     for rel in sorted(covered):
         if not rel.endswith(".json"):
             continue
@@ -150,6 +169,10 @@ def mutations(files: dict[str, bytes]) -> Iterator[Mutation]:
                 continue
             edits = list_edits(value) if isinstance(value, list) else leaf_edits(value)
             for edit, new in edits:
+                field = (rel, shown_path(path), edit)
+                if per_field is not None and made.get(field, 0) >= per_field:
+                    continue
+                made[field] = made.get(field, 0) + 1
                 old = _replace(record, path, new)
                 data = canonical.dumps(record)
                 _replace(record, path, old)
