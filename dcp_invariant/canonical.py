@@ -119,7 +119,14 @@ def shown(text: str) -> str:
     """
     if _UNSAFE.search(text) is None:
         return text
-    return _UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)
+    return _UNSAFE.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    if "\udc80" <= char <= "\udcff":  # os.fsdecode's stand-in for an undecodable byte
+        return f"\\x{ord(char) - 0xDC00:02x}"
+    return ascii(char)[1:-1]
 
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")

@@ -114,3 +114,17 @@ def test_digest_is_sha256_of_dumps(value: object) -> None:
 
 def test_digest_distinguishes_values_that_differ_only_in_type() -> None:
     assert canonical.digest({"a": 1}) != canonical.digest({"a": "1"})
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("observations/x.json", "observations/x.json"),
+        ("étape ✓", "étape ✓"),  # printable non-ASCII stays as it is
+        ("a\nb\rc\x1b[31m", "a\\nb\\rc\\x1b[31m"),
+        ("name-\udcff", "name-\\xff"),  # an undecodable byte, as os.fsdecode keeps it
+        ("\u2028\x7f\ud800", "\\u2028\\x7f\\ud800"),
+    ],
+)
+def test_shown_keeps_a_name_on_one_printable_line(text: str, shown: str) -> None:
+    assert canonical.shown(text) == shown
