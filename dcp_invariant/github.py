@@ -31,9 +31,11 @@ class ArtifactNameError(ValueError):
 
 
 def artifact_name(given: str, torch_version: str, env: Mapping[str, str]) -> str:
-    """``given``, or a default unique per job of a matrix over OS, Python and torch and per attempt.
+    """``given``, or a default unique per job of a matrix over runner, Python and torch, per attempt.
 
-    Upload fails on a name already used in the workflow run, so a matrix cannot share one.
+    Upload fails on a name already used in the workflow run, so a matrix cannot share one; and
+    RUNNER_OS alone does not tell ubuntu-22.04 from ubuntu-24.04, or x64 from arm64: the
+    architecture (RUNNER_ARCH) and the runner image (ImageOS) are part of the name.
     """
     if given:
         bad = sorted(set(_BAD_NAME_CHARS.findall(given)))
@@ -47,6 +49,8 @@ def artifact_name(given: str, torch_version: str, env: Mapping[str, str]) -> str
         "dcp-invariant",
         env.get("GITHUB_JOB", "local"),
         env.get("RUNNER_OS", platform.system()),
+        env.get("RUNNER_ARCH", platform.machine() or "unknown"),
+        env.get("ImageOS", "local"),
         f"py{python}",
         f"torch{torch_version or 'default'}",
         f"attempt{env.get('GITHUB_RUN_ATTEMPT', '1')}",

@@ -595,6 +595,8 @@ def test_passing_artifact(tmp_path: Path, data_artifact: Path) -> None:
         "verdict": "pass",
         "passed": "11",
         "failed": "0",
+        "valid": "true",
+        "problems": "0",
         "manifest-sha256": hashlib.sha256(manifest).hexdigest(),
         "evidence-dir": str(evidence.resolve()),
         "python-path": run.outputs["python-path"],
@@ -607,6 +609,8 @@ def test_passing_artifact(tmp_path: Path, data_artifact: Path) -> None:
     for part in (
         RUNNER["GITHUB_JOB"],
         RUNNER["RUNNER_OS"],
+        RUNNER["RUNNER_ARCH"],
+        RUNNER["ImageOS"],
         f"py{PYTHON_XY}",
         f"torch{runtimes.DEFAULT_TORCH_VERSION}",
         f"attempt{RUNNER['GITHUB_RUN_ATTEMPT']}",

@@ -107,12 +107,21 @@ def test_an_unusable_artifact_name_is_refused(bad: str) -> None:
 
 
 def test_the_default_artifact_name_is_unique_per_matrix_job() -> None:
-    env = {"GITHUB_JOB": "integration", "RUNNER_OS": "Windows", "GITHUB_RUN_ATTEMPT": "2"}
+    env = {
+        "GITHUB_JOB": "integration",
+        "RUNNER_OS": "Windows",
+        "RUNNER_ARCH": "X64",
+        "ImageOS": "win25",
+        "GITHUB_RUN_ATTEMPT": "2",
+    }
     name = github.artifact_name("", "2.11.0", env)
-    assert name.startswith("dcp-invariant-integration-Windows-py3.")
+    assert name.startswith("dcp-invariant-integration-Windows-X64-win25-py3.")
     assert name.endswith("-torch2.11.0-attempt2")
     assert github.artifact_name("", "2.13.0", env) != name
     assert github.artifact_name("", "2.11.0", {**env, "RUNNER_OS": "Linux"}) != name
+    # One OS family, two runners: the image and the architecture keep the names apart.
+    assert github.artifact_name("", "2.11.0", {**env, "ImageOS": "win22"}) != name
+    assert github.artifact_name("", "2.11.0", {**env, "RUNNER_ARCH": "ARM64"}) != name
     assert github.artifact_name("mine", "2.11.0", env) == "mine"
 
 
