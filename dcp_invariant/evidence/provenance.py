@@ -26,8 +26,15 @@ KNOWN_TOOLS: tuple[str, ...] = tuple(
     dict.fromkeys(f"dcp-invariant {v}" for v in ("0.2.0", __version__))
 )
 
+# platform.system() of the runners the action supports, and the sys.platform their wheels are
+# registered under in runtimes.py.
+OS_PLATFORMS = {"Linux": "linux", "Darwin": "darwin", "Windows": "win32"}
+_MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")  # platform.machine(): x86_64, AMD64, arm64, ...
+
 _FIELDS: dict[str, checks.Check] = {
     "authenticated": checks.one_of(False),
+    "machine": checks.pattern(_MACHINE, "a machine architecture like 'x86_64'"),
+    "os": checks.one_of(*OS_PLATFORMS),
     "cpython": checks.pattern(_CPYTHON, "a CPython version, 3.11 or newer, like '3.11.7'"),
     "numpy": checks.optional(checks.pattern(_NUMPY, "a numpy version like '2.4.6'")),
     "source_revision": checks.pattern(_HEX40, "a 40-hex source revision"),
@@ -58,14 +65,22 @@ def shape_problems(record: dict[str, Any]) -> list[str]:
     problems = (FIXTURE_SHAPE if fixture else SHAPE)(record, schema.PROVENANCE_FILE)
     if problems:
         return problems
-    # The runner refuses any other torch (runtimes.require), so no real run records one.
+    # The runner refuses any other torch (runtimes.require), so no real run records one; and
+    # each OS's CPU wheel reports its own pair (macOS's carry no +cpu).
     pair = (record["torch_distribution"], record["torch_runtime"])
-    if runtimes.find(*pair) is None:
+    where = OS_PLATFORMS[record["os"]]
+    if runtimes.find(*pair, where) is None:
         problems.append(
             f"{schema.PROVENANCE_FILE}: torch {pair[0]}/{pair[1]} is not a registered runtime "
-            f"(distribution/torch.__version__); this verifier knows {runtimes.registered_pairs()}"
+            f"on {record['os']} (distribution/torch.__version__); this verifier knows "
+            f"{runtimes.registered_pairs(where)} there"
         )
     return problems
+
+
+def listens_on_loopback(record: dict[str, Any]) -> bool:
+    """Where the torchrun guard binds the rendezvous store to 127.0.0.1: Linux only."""
+    return bool(record["os"] == "Linux")
 
 
 def recorded_plan(record: dict[str, Any]) -> plan.Plan:
@@ -89,6 +104,8 @@ def build(
         # Nothing signs the artifact: the manifest detects damage, not forgery.
         "authenticated": False,
         "cpython": platform.python_version(),
+        "machine": platform.machine(),
+        "os": platform.system(),
         "numpy": numpy,
         "schema_version": schema.version_for(run_plan),
         "source_revision": source_revision,

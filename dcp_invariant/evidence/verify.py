@@ -105,14 +105,22 @@ def _runtime_attested(recorded: dict[str, Any], observations: dict[str, Any]) ->
     guard = obs["launcher"]["guard"] if obs is not None and obs["launcher"] else None
     if guard is None:
         return []
+    problems = []
+    where = schema.observation_file(plan.ELASTIC_SCENARIO.name)
     attested = (guard["torch_distribution"], guard["torch_runtime"])
-    if attested == (recorded["torch_distribution"], recorded["torch_runtime"]):
-        return []
-    return [
-        f"{schema.PROVENANCE_FILE}: torch {recorded['torch_distribution']}/"
-        f"{recorded['torch_runtime']}, but the torchrun guard in "
-        f"{schema.observation_file(plan.ELASTIC_SCENARIO.name)} attests {attested[0]}/{attested[1]}"
-    ]
+    if attested != (recorded["torch_distribution"], recorded["torch_runtime"]):
+        problems.append(
+            f"{schema.PROVENANCE_FILE}: torch {recorded['torch_distribution']}/"
+            f"{recorded['torch_runtime']}, but the torchrun guard in {where} attests "
+            f"{attested[0]}/{attested[1]}"
+        )
+    listen = "127.0.0.1" if provenance.listens_on_loopback(recorded) else "torch-default"
+    if guard["listen"] != listen:
+        problems.append(
+            f"{where}: the guard's store listens on {guard['listen']!r}, but on "
+            f"{recorded['os']} it binds {listen!r}"
+        )
+    return problems
 
 
 def _read_files(root: Path, report: Report, unread: set[str]) -> dict[str, bytes] | None:

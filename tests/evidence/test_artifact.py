@@ -260,14 +260,17 @@ def test_write_cleans_up_when_a_file_cannot_be_written(tmp_path: Path) -> None:
 # --- provenance ------------------------------------------------------------------------------
 
 
-def _provenance(**overrides: Any) -> dict[str, Any]:
+def _provenance(os: str | None = None, **overrides: Any) -> dict[str, Any]:
     arguments: dict[str, Any] = {
         "source_revision": "0123456789abcdef0123456789abcdef01234567",
         "torch_distribution": "2.13.0+cpu",
         "torch_runtime": "2.13.0+cpu",
         "numpy": "2.4.6",
     }
-    return provenance.build(**{**arguments, **overrides})
+    record = provenance.build(**{**arguments, **overrides})
+    if os is not None:
+        record["os"] = os  # as a run on that OS records it
+    return record
 
 
 def test_provenance_is_unauthenticated_and_valid() -> None:
@@ -321,10 +324,27 @@ def test_provenance_accepts_numpy_versions(version: str | None) -> None:
     assert provenance.shape_problems({**_provenance(), "numpy": version}) == []
 
 
-@pytest.mark.parametrize("registered", runtimes.RUNTIMES, ids=lambda r: r.distribution)
-def test_provenance_accepts_every_registered_runtime(registered: runtimes.Runtime) -> None:
-    record = _provenance(torch_distribution=registered.distribution, torch_runtime=registered.torch)
+_OS_OF = {platform: os for os, platform in provenance.OS_PLATFORMS.items()}
+
+
+@pytest.mark.parametrize(
+    ("registered", "os"),
+    [(r, _OS_OF[p]) for r in runtimes.RUNTIMES for p in r.platforms],
+    ids=lambda v: v if isinstance(v, str) else v.distribution,
+)
+def test_provenance_accepts_every_registered_runtime_on_its_os(
+    registered: runtimes.Runtime, os: str
+) -> None:
+    record = _provenance(
+        torch_distribution=registered.distribution, torch_runtime=registered.torch, os=os
+    )
     assert provenance.shape_problems(record) == []
+
+
+def test_provenance_refuses_a_pair_its_os_never_reports() -> None:
+    # PyPI's Linux torch 2.13.0 is a CUDA build; only macOS's CPU wheel reports plain 2.13.0.
+    record = _provenance(torch_distribution="2.13.0", torch_runtime="2.13.0", os="Linux")
+    assert any("not a registered runtime on Linux" in p for p in provenance.shape_problems(record))
 
 
 def test_real_provenance_is_valid() -> None:
