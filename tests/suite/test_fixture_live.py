@@ -314,3 +314,18 @@ def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_pat
     assert "uninterrupted run (reference): timed out and was killed" in proc.stderr
     summary = canonical.loads((tmp_path / "out" / schema.SUMMARY_FILE).read_bytes())
     assert (summary["passed"], summary["failed"]) == (0, 3)  # resume_1 and both async resumes
+
+
+def test_checked_in_fixture_artifact_still_matches_a_fresh_run(example_run) -> None:
+    """tests/data/fixture-artifact feeds the torch-free tests; it must stay what a run writes."""
+    out, proc = example_run
+    assert proc.returncode == 0, proc.stderr
+    kept_dir = TESTS / "data" / "fixture-artifact"
+    fresh = canonical.loads((out / schema.PROVENANCE_FILE).read_bytes())
+    kept = canonical.loads((kept_dir / schema.PROVENANCE_FILE).read_bytes())
+    same = ("torch_runtime", "cpython", "numpy", "os", "machine")
+    if any(fresh[k] != kept[k] for k in same):
+        pytest.skip("the checked-in fixture artifact was recorded with other versions")
+    names = plan.fixture_plan("examples.mlp_fixture:fixture").names
+    for rel in schema.artifact_files(names):
+        assert (out / rel).read_bytes() == (kept_dir / rel).read_bytes(), rel
