@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -43,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prove that PyTorch DCP resumes are exact and damaged checkpoints are never loaded.",
     )
     parser.add_argument("--version", action="version", version=f"dcp-invariant {__version__}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="after a one-line error, also print the traceback that led to it",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser(
         "run",
@@ -129,12 +135,15 @@ def _env_path(name: str) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
         commands = {"run": _run, "verify": _verify, "list": _list, "github-report": _github_report}
         return commands[args.command](args)
     except UsageError as exc:
         print(f"dcp-invariant: error: {exc}", file=sys.stderr)
+        if debug:
+            traceback.print_exception(exc, file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -15,8 +15,8 @@ Family = Literal[
     "training", "dtensor", "elastic", "rank_exit", "damaged", "resume", "reshard", "async_resume"
 ]
 # How an async_resume scenario saves: dcp.async_save in thread mode, with the default
-# synchronous staging or with DefaultStager's background staging.
-AsyncMode = Literal["thread", "staged"]
+# synchronous staging or with DefaultStager's background staging, or in process mode.
+AsyncMode = Literal["thread", "staged", "process"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 # DCP's on-disk names (torch/distributed/checkpoint/filesystem.py): FileSystemWriter.finish()
@@ -275,6 +275,18 @@ def fixture_plan(
             sizes[-1],
             f"async_save with background staging; step {n + 1} waits for the staging only",
             async_mode="staged",
+        )
+    )
+    # Process mode at the smallest world size: each rank starts a checkpoint process of its own.
+    scenarios.append(
+        Scenario(
+            f"async_process_resume_{sizes[0]}",
+            "async_resume",
+            sizes[0],
+            sizes[0],
+            f"async_save in process mode: a checkpoint process writes step {n} while step "
+            f"{n + 1} runs",
+            async_mode="process",
         )
     )
     if 2 in sizes:

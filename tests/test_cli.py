@@ -527,3 +527,23 @@ def test_run_accepts_an_empty_output_dir_and_refuses_a_non_empty_one(
     (empty / "x").write_bytes(b"")
     assert cli.main(["run", "--output-dir", str(empty), "--source-revision", REVISION]) == 2
     assert "is not an empty directory" in usage_error(capsys)
+
+
+def test_debug_adds_the_traceback_behind_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = [
+        "run",
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--fixture",
+        "m:f",
+        "--world-sizes",
+        "0",
+    ]
+    assert cli.main(arguments) == cli.EXIT_USAGE
+    plain = capsys.readouterr().err
+    assert len(plain.splitlines()) == 1 and "Traceback" not in plain
+    assert cli.main(["--debug", *arguments]) == cli.EXIT_USAGE
+    debugged = capsys.readouterr().err
+    assert debugged.startswith(plain) and "Traceback (most recent call last)" in debugged

@@ -75,9 +75,10 @@ def test_a_fixture_plan_derives_resumes_reshards_and_the_restart() -> None:
         "async_resume_2",
         "async_resume_4",
         "async_staged_resume_4",
+        "async_process_resume_1",
         "elastic_restart_2_to_2",
     )
-    assert plan.fixture_plan("m:f", (1, 4)).names[-1] == "async_staged_resume_4"  # no torchrun
+    assert plan.fixture_plan("m:f", (1, 4)).names[-1] == "async_process_resume_1"  # no torchrun
     assert plan.plan_from_record(the_plan.to_record()) == the_plan
 
 

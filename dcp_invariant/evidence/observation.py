@@ -208,7 +208,7 @@ FAMILY_SHAPES: dict[str, Check] = {
     "reshard": record(**_fixture_common, source=group(fixture_train_rank)),
     "async_resume": record(
         **_fixture_common,
-        save_mode=one_of("thread", "staged"),
+        save_mode=one_of("thread", "staged", "process"),
         reference=optional(group(async_train_rank)),
         repeat=optional(group(async_train_rank)),
     ),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dcp_invariant import plan
 from dcp_invariant.commit import receipt
+from dcp_invariant.suite import pool
 
 _LINE = re.compile(r"^(pass|fail)\s+(\S+)\s+([\d.]+) s$", re.M)
 MIB = 1 << 20
@@ -49,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         default="examples.mlp_fixture:slow_fixture",
         help="a fixture with a ~100 ms step: the tool's overhead over its own steps ('' skips)",
     )
+    parser.add_argument(
+        "--no-spawn",
+        dest="spawn",
+        action="store_false",
+        help="skip the registered suite on the spawn path (what macOS and Windows use)",
+    )
     args = parser.parse_args(argv)
 
     import_seconds = _median_import(args.imports)
@@ -64,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak RSS, largest process: {largest:.0f} MiB")
     if tree_peak:
         print(f"peak RSS, whole process tree: {tree_peak / MIB:.0f} MiB")
+    if args.spawn:
+        spawned, _, _, spawn_ok = _suite(env={pool.START_METHOD_ENV: "spawn"})
+        ok &= spawn_ok
+        print(f"\nsuite with spawned workers: {spawned:.2f} s ({'pass' if spawn_ok else 'FAIL'})")
+        print(f"spawn path / import torch: {spawned / import_seconds:.1f} units")
+        print(f"spawn path / fork-server path: {spawned / total:.2f}")
     if args.fixture:
         ok &= _fixture_run(args.fixture, import_seconds, total)
     if args.slow_fixture:
@@ -145,7 +158,9 @@ def _median_import(times: int) -> float:
     return statistics.median(samples)
 
 
-def _suite(extra: list[str] | None = None) -> tuple[float, dict[str, float], int, bool]:
+def _suite(
+    extra: list[str] | None = None, env: dict[str, str] | None = None
+) -> tuple[float, dict[str, float], int, bool]:
     with tempfile.TemporaryDirectory(prefix="dcp-invariant-bench-") as tmp:
         command = [
             sys.executable,
@@ -160,7 +175,11 @@ def _suite(extra: list[str] | None = None) -> tuple[float, dict[str, float], int
         ]
         started = time.perf_counter()
         proc = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
         )
         sampler = _TreeSampler(proc.pid)
         sampler.start()

@@ -147,6 +147,9 @@ class WorkerPool:
             (task, rank, world_size, str(workdir), group, payload, self.timeout)
             for rank in range(world_size)
         ]
+        # Not daemonic: a worker may start processes of its own (async_save's process mode
+        # does), which multiprocessing refuses a daemon. Every worker is reaped or killed here
+        # (and dies with its parent, worker.die_with_parent), so nothing needs the flag.
         with self._lock:
             if self.method == "forkserver":
                 procs = [
@@ -154,7 +157,7 @@ class WorkerPool:
                         target=worker.forked,
                         args=job,
                         name=f"dcp-invariant-{group}-{job[1]}",
-                        daemon=True,
+                        daemon=False,
                     )
                     for job in jobs
                 ]
@@ -193,7 +196,7 @@ class WorkerPool:
                 target=worker.standby,
                 args=(reader, str(self._home), PRELOAD),
                 name="dcp-invariant-standby",
-                daemon=True,
+                daemon=False,
             )
             proc.start()
             reader.close()

@@ -84,6 +84,7 @@ def test_the_example_fixture_holds_at_every_world_size(example_run) -> None:
         "async_resume_1",
         "async_resume_2",
         "async_staged_resume_2",
+        "async_process_resume_1",
         "elastic_restart_2_to_2",
     ]
     for name in names:
@@ -215,7 +216,8 @@ def test_a_non_deterministic_fixture_is_reported_as_such_not_as_a_resume_bug() -
 
 def test_async_saves_hold_the_state_at_the_save_while_the_next_step_runs() -> None:
     the_plan = plan.fixture_plan("fixture_loops:correct", (2,))
-    suite = runner.run_suite(run_plan=the_plan, names=["async_resume_2", "async_staged_resume_2"])
+    names = ["async_resume_2", "async_staged_resume_2", "async_process_resume_2"]
+    suite = runner.run_suite(run_plan=the_plan, names=names)
     for name, obs in suite.observations.items():
         assert rules.derive(name, obs, the_plan) == [], name
         for rank in obs["reference"]["ranks"]:
@@ -244,7 +246,7 @@ def test_an_fsdp2_loop_reshards_both_ways_and_resumes_exactly() -> None:
 def test_a_correct_loop_holds_at_world_sizes_one_two_and_four() -> None:
     the_plan = plan.fixture_plan("fixture_loops:correct", (1, 2, 4))
     names = [n for n in the_plan.names if not n.startswith("elastic")]
-    assert len(names) == 3 + 6 + 3 + 1  # resumes, reshards, async resumes, staged
+    assert len(names) == 3 + 6 + 3 + 1 + 1  # resumes, reshards, async: thread, staged, process
     results = derive("correct", names, (1, 2, 4))
     assert results == {n: [] for n in names}
 
@@ -313,7 +315,7 @@ def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_pat
     assert proc.returncode == 1, proc.stderr
     assert "uninterrupted run (reference): timed out and was killed" in proc.stderr
     summary = canonical.loads((tmp_path / "out" / schema.SUMMARY_FILE).read_bytes())
-    assert (summary["passed"], summary["failed"]) == (0, 3)  # resume_1 and both async resumes
+    assert (summary["passed"], summary["failed"]) == (0, 4)  # resume_1 and the async resumes
 
 
 def test_checked_in_fixture_artifact_still_matches_a_fresh_run(example_run) -> None:

@@ -8,15 +8,22 @@ workspace so a later group can say by how much a key differs, not only that it d
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
+from torch.distributed.checkpoint.state_dict_saver import (
+    AsyncCheckpointerType,
+    AsyncSaveResponse,
+    async_save,
+)
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from dcp_invariant.suite import state_keys
@@ -119,6 +126,36 @@ def _stager(mode: str) -> Any:
     return None  # async_save's own default: a synchronous copy before it returns
 
 
+def _loopback_store_for_checkpoint_process(group: Any, rank: int) -> None:
+    """Give process mode's checkpoint processes a store that listens on 127.0.0.1 only.
+
+    Left to itself, DCP's checkpoint process builds a TCPStore server on a free port, and a
+    TCPStore server listens on every interface. With DCP_USE_PREFIX_STORE=1 it is a client of
+    the store at MASTER_ADDR:MASTER_PORT instead (torch/distributed/checkpoint/
+    _async_process_executor.py, _ProcessGroupInitInfo): rank 0 serves that store here, on a
+    socket bound to loopback and handed over as ``master_listen_fd`` (Linux; elsewhere the
+    store is bound as torch binds it).
+    """
+    global _CHECKPOINT_STORE
+    server = None
+    if rank == 0:
+        listener = None
+        if sys.platform == "linux":
+            listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1] if listener is not None else 0
+        options: dict[str, Any] = {"is_master": True, "wait_for_workers": False}
+        if listener is not None:
+            options["master_listen_fd"] = listener.detach()
+        server = TCPStore("127.0.0.1", port, **options)
+        _CHECKPOINT_STORE = server  # serves until this worker exits
+    ports = [server.port if server is not None else 0]
+    dist.broadcast_object_list(ports, src=0, group=group)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]), DCP_USE_PREFIX_STORE="1")
+
+
+_CHECKPOINT_STORE: Any = None
+
+
 def _save_while_stepping(
     spec: str, app: Any, payload: dict[str, Any], record: dict[str, Any], rank: int, mode: str
 ) -> dict[str, Any]:
@@ -133,8 +170,16 @@ def _save_while_stepping(
     timeout = float(payload["timeout"])
     writer = _GatedWriter(payload["checkpoint"], gate, timeout)
     stager = _stager(mode)
+    kind = AsyncCheckpointerType.THREAD
+    if mode == "process":
+        _loopback_store_for_checkpoint_process(group, rank)
+        kind = AsyncCheckpointerType.PROCESS
     response = async_save(
-        {"app": app}, storage_writer=writer, process_group=group, async_stager=stager
+        {"app": app},
+        storage_writer=writer,
+        process_group=group,
+        async_checkpointer_type=kind,
+        async_stager=stager,
     )
     staged_first = isinstance(response, AsyncSaveResponse)
     if isinstance(response, AsyncSaveResponse):
