@@ -67,7 +67,17 @@ class Workspace:
         if self._lock is not None:
             self._lock.close()
         if self.path is not None:
-            remove(self.path)
+            try:
+                remove(self.path)
+            except OSError as error:
+                # Windows refuses to delete what a straggling process still holds open. The
+                # scenarios' evidence is already gathered and must not be lost over it; the
+                # workspace is unlocked now, so the next run sweeps it.
+                print(
+                    f"dcp-invariant: warning: could not remove the workspace {self.path} "
+                    f"({error.strerror or error}); the next run removes it",
+                    file=sys.stderr,
+                )
 
 
 def check_free(directory: Path, what: str, needed: int = MIN_FREE_BYTES) -> None:

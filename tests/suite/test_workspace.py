@@ -64,3 +64,19 @@ def test_a_worker_that_ran_out_of_space_stops_the_run(tmp_path) -> None:
 def test_too_little_free_space_is_refused(tmp_path: Path) -> None:
     with pytest.raises(workspace.EnvironmentProblem, match="free space there"):
         workspace.check_free(tmp_path, "the temp directory", needed=1 << 62)
+
+
+def test_a_workspace_that_cannot_be_removed_does_not_lose_the_run(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setattr(workspace.tempfile, "tempdir", str(tmp_path))
+
+    def refuse(path: Path) -> None:
+        raise PermissionError(13, "The process cannot access the file", str(path))
+
+    monkeypatch.setattr(workspace, "remove", refuse)
+    with workspace.Workspace() as path:
+        pass  # the scenarios ran; their observations are in memory
+    assert "could not remove the workspace" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert workspace.sweep_stale(tmp_path) == [path]  # unlocked: the next run removes it
