@@ -1,0 +1,67 @@
+"""The async_resume rules on a real fixture run's observations (tests/data/fixture-artifact)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from artifact_data import DATA_ARTIFACT
+
+from dcp_invariant import canonical
+from dcp_invariant.evidence import provenance, rules, schema
+
+FIXTURE_ARTIFACT = DATA_ARTIFACT.parent / "fixture-artifact"
+RUN_PLAN = provenance.recorded_plan(
+    canonical.loads((FIXTURE_ARTIFACT / schema.PROVENANCE_FILE).read_bytes())
+)
+ASYNC = [n for n in RUN_PLAN.names if n.startswith("async_")]
+
+
+def observation(name: str) -> dict[str, Any]:
+    return copy.deepcopy(
+        canonical.loads((FIXTURE_ARTIFACT / schema.observation_file(name)).read_bytes())
+    )
+
+
+def test_every_save_mode_is_in_the_checked_in_run() -> None:
+    modes = {observation(n)["save_mode"] for n in ASYNC}
+    assert modes == {"thread", "staged", "process"}
+
+
+@pytest.mark.parametrize("name", ASYNC)
+def test_the_real_async_runs_pass(name: str) -> None:
+    assert rules.derive(name, observation(name), RUN_PLAN) == []
+
+
+@pytest.mark.parametrize("name", ASYNC)
+def test_a_failed_background_write_fails_the_scenario_with_its_error(name: str) -> None:
+    obs = observation(name)
+    obs["reference"]["ranks"][0]["async"]["upload_error"] = "OSError: [Errno 28] disk full"
+    reasons = rules.derive(name, obs, RUN_PLAN)
+    assert (
+        "async save (reference) rank 0: the background write failed: OSError: [Errno 28] disk full"
+        in reasons
+    )
+
+
+@pytest.mark.parametrize("name", ASYNC)
+def test_a_write_that_did_not_overlap_the_next_step_fails(name: str) -> None:
+    obs = observation(name)
+    obs["repeat"]["ranks"][0]["async"]["pending_during_step"] = False
+    reasons = rules.derive(name, obs, RUN_PLAN)
+    assert any("so nothing overlapped it" in r for r in reasons), reasons
+
+
+def test_a_checkpoint_holding_the_state_after_the_save_names_those_keys() -> None:
+    name = ASYNC[0]
+    obs = observation(name)
+    after = obs["reference"]["ranks"][0]["steps"][0]["keys"]
+    loaded = obs["target"]["ranks"][0]["loaded"]
+    moved = sorted(k for k in loaded if k.startswith("app.model.") and after.get(k) != loaded[k])
+    assert moved, "the step after the save moves the model"
+    for key in moved:
+        loaded[key] = after[key]  # what a write that read the live tensors late would hold
+    reasons = rules.derive(name, obs, RUN_PLAN)
+    during = [r for r in reasons if r.startswith("changed during the save: rank 0: ")]
+    assert during and all(key in during[0] for key in moved[:8]), reasons
