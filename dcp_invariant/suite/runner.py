@@ -1,8 +1,9 @@
-"""Running the scenarios: one fork server, two scenarios at a time, the torchrun job first.
+"""Running the scenarios: one fork server, two scenarios at a time, the longest ones first.
 
-The runner process itself never imports torch: a preloaded fork server does, once, and every
-worker is forked from it. The elastic scenario starts first because its torchrun job (a fresh
-agent and fresh workers, as torch launches them) is the longest path through the suite.
+The runner process itself never imports torch: workers do, forked from a server that preloaded
+it (Linux) or spawned ahead of need (:mod:`.pool`). The elastic scenario starts first because
+its torchrun job (a fresh agent and fresh workers, as torch launches them) is the longest path
+through the suite.
 """
 
 from __future__ import annotations
@@ -86,7 +87,15 @@ def run_suite(
     assert distribution is not None
     names = run_plan.names if names is None else names
     fixture = run_plan.fixture if fixture is None else fixture
-    order = sorted(names, key=lambda n: run_plan.scenario(n).family != "elastic")
+    # The longest scenarios first, so they overlap the rest: the torchrun job, then async_save's
+    # process mode (each rank starts a checkpoint process of its own).
+    order = sorted(
+        names,
+        key=lambda n: (
+            run_plan.scenario(n).family != "elastic",
+            run_plan.scenario(n).async_mode != "process",
+        ),
+    )
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
     pool = WorkerPool(timeout)
