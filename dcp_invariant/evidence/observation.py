@@ -163,12 +163,14 @@ def key_records(value: Any, where: str) -> list[str]:
 
 
 _steps = list_of(record(keys=key_records, loss=float_hex), plan.MAX_STEPS)
-fixture_train_rank = record(
-    rank=integer(0),
-    losses_before=list_of(float_hex, plan.MAX_STEPS),
-    saved=optional(key_records),
-    steps=_steps,
-)
+# What a rank of an arm that trained N steps, saved and took K more reports.
+_train_fields: dict[str, Check] = {
+    "rank": integer(0),
+    "losses_before": list_of(float_hex, plan.MAX_STEPS),
+    "saved": optional(key_records),
+    "steps": _steps,
+}
+fixture_train_rank = record(**_train_fields)
 fixture_resume_rank = record(
     **_load_fields,
     loaded=optional(key_records),
@@ -180,10 +182,7 @@ fixture_resume_rank = record(
 )
 # An async save's own facts: the next step overlapped the write, and the write's outcome.
 async_train_rank = record(
-    rank=integer(0),
-    losses_before=list_of(float_hex, plan.MAX_STEPS),
-    saved=optional(key_records),
-    steps=_steps,
+    **_train_fields,
     **{
         "async": record(
             pending_during_step=boolean, staged_first=boolean, upload_error=optional(string)

@@ -94,8 +94,7 @@ def _training(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return [*reasons, "commit: did not run"]
-    reasons += _promoted(commit, "commit")
-    reasons += _dcp_files(commit, scenario.source_world_size, "commit")
+    reasons += _committed(commit, scenario.source_world_size)
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -123,8 +122,7 @@ def _dtensor(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return [*reasons, "commit: did not run"]
-    reasons += _promoted(commit, "commit")
-    reasons += _dcp_files(commit, scenario.source_world_size, "commit")
+    reasons += _committed(commit, scenario.source_world_size)
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -146,8 +144,7 @@ def _elastic(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return [*reasons, "commit: did not run"]
-    reasons += _promoted(commit, "commit")
-    reasons += _dcp_files(commit, scenario.source_world_size, "commit")
+    reasons += _committed(commit, scenario.source_world_size)
     launcher = obs["launcher"]
     if launcher is None:
         return [*reasons, "torchrun: did not run"]
@@ -363,8 +360,7 @@ def _resume(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return ["commit: did not run"]
-    reasons += _promoted(commit, "commit")
-    reasons += _dcp_files(commit, scenario.source_world_size, "commit")
+    reasons += _committed(commit, scenario.source_world_size)
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -444,8 +440,7 @@ def _reshard(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return ["commit: did not run"]
-    reasons += _promoted(commit, "commit")
-    reasons += _dcp_files(commit, a, "commit")
+    reasons += _committed(commit, a)
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -720,6 +715,11 @@ def _dcp_files(commit: Obs, world_size: int, where: str, *, metadata: bool = Tru
         f"{where}: files {names}, but a DCP save by {world_size} rank(s) "
         f"{'writes' if metadata else 'cut short before its metadata leaves'} {expected}"
     ]
+
+
+def _committed(commit: Obs, world_size: int) -> list[str]:
+    """A save by ``world_size`` ranks, sealed and promoted with exactly DCP's files."""
+    return _promoted(commit, "commit") + _dcp_files(commit, world_size, "commit")
 
 
 def _refused_after_baseline(obs: Obs, key: str) -> list[str]:
