@@ -167,7 +167,7 @@ class WorkerPool:
                 procs = self._hand_out(jobs)
             self._live.update(procs)
         try:
-            timed_out = _wait(procs, self.timeout)
+            timed_out = _wait(procs, self.timeout, self._lock)
         finally:
             with self._lock:
                 self._live.difference_update(procs)
@@ -177,9 +177,10 @@ class WorkerPool:
             path = workdir / worker.result_path(group, rank)
             if path.exists():
                 results.append(canonical.loads(path.read_bytes(), what=path.name))
-        exit_codes = [int(p.exitcode) for p in procs]
-        for proc in procs:
-            proc.close()
+        with self._lock:
+            exit_codes = [int(p.exitcode) for p in procs]
+            for proc in procs:
+                proc.close()
         return GroupOutcome(
             exit_codes=exit_codes,
             timed_out=timed_out,
@@ -294,26 +295,36 @@ def kill_process_tree(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _wait(procs: list[Any], timeout: float) -> bool:
+def _wait(procs: list[Any], timeout: float, lock: threading.Lock) -> bool:
     """Join ``procs``; kill them all at the deadline (True) or soon after the first one fails.
 
     A rank killed because a peer failed shows as a negative exit code, not as a timeout.
+
+    Every read of an exit code holds ``lock``, the one :meth:`WorkerPool.run_group` starts
+    processes under: ``Process.start()`` polls every live child of this interpreter
+    (``multiprocessing.process._cleanup``), and a fork server child's exit code is a message
+    on its sentinel that only one reader gets; a second, concurrent reader sees the pipe's end
+    and records 255 (``multiprocessing/popen_forkserver.py``, ``Popen.poll``).
     """
     deadline = time.monotonic() + timeout
     kill_at = deadline
     while True:
-        alive = [p for p in procs if p.exitcode is None]
+        with lock:
+            codes = [p.exitcode for p in procs]
+        alive = [p for p, code in zip(procs, codes, strict=True) if code is None]
         if not alive:
             return False
         now = time.monotonic()
-        if any(p.exitcode not in (None, 0) for p in procs):
+        if any(code not in (None, 0) for code in codes):
             kill_at = min(kill_at, now + FAILURE_GRACE_SECONDS)
         if now >= kill_at:
-            for p in alive:
-                p.kill()
-            for p in alive:
-                p.join()
+            with lock:
+                for p in alive:
+                    p.kill()
+                for p in alive:
+                    p.join()
             return now >= deadline
+        # Waiting for a sentinel to become readable consumes nothing: no lock needed.
         multiprocessing.connection.wait(
             [p.sentinel for p in alive], timeout=min(0.5, kill_at - now)
         )
