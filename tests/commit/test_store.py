@@ -8,51 +8,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from commit_helpers import (
+    SHARD0,
+    SHARD1,
+    commit,
+    flip_byte,
+    make_writable,
+    write_candidate,
+)
 
 from dcp_invariant.commit import pointer
 from dcp_invariant.commit.receipt import Failure, ReceiptMismatch
 from dcp_invariant.commit.store import CheckpointStore, Generation, PromotionRefused, StoreError
 
-SHARD0 = "__0_0.distcp"
-SHARD1 = "__1_0.distcp"
-
-
-def dcp_files(tag: str) -> dict[str, bytes]:
-    return {
-        ".metadata": f"metadata for {tag}".encode(),
-        SHARD0: f"rank 0 tensors of {tag}".encode() * 4,
-        SHARD1: f"rank 1 tensors of {tag}".encode() * 4,
-    }
-
 
 @pytest.fixture
 def store(tmp_path: Path) -> CheckpointStore:
     return CheckpointStore(tmp_path / "store")
-
-
-def write_candidate(store: CheckpointStore, label: str) -> dict[str, bytes]:
-    files = dcp_files(label)
-    directory = store.candidate(label)
-    directory.mkdir(parents=True)
-    for name, data in files.items():
-        (directory / name).write_bytes(data)
-    return files
-
-
-def commit(store: CheckpointStore, label: str) -> Generation:
-    write_candidate(store, label)
-    store.seal(label)
-    return store.promote(label)
-
-
-def flip_byte(path: Path, offset: int = 3) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def make_writable(path: Path) -> None:
-    path.chmod(path.stat().st_mode | stat.S_IWUSR)
 
 
 # --- promote ------------------------------------------------------------------------------
