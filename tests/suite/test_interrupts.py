@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp_invariant.suite import workspace
+from dcp_invariant.suite import pool, workspace
 
 pytestmark = pytest.mark.live
 
@@ -52,11 +52,13 @@ def wait_until(condition, seconds: float) -> bool:
 class Run:
     """The CLI in the background, its stderr collected as it comes."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, start_method: str | None = None) -> None:
         self.tmpdir = tmp_path / "private-tmp"
         self.tmpdir.mkdir(exist_ok=True)
         self.output = tmp_path / "out"
         env = {**os.environ, "TMPDIR": str(self.tmpdir)}
+        if start_method is not None:
+            env[pool.START_METHOD_ENV] = start_method
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -101,9 +103,19 @@ class Run:
 
 
 @linux_only
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(tmp_path, signum, code) -> None:
-    run = Run(tmp_path)
+@pytest.mark.parametrize(
+    ("signum", "code", "start_method"),
+    [
+        (signal.SIGINT, 130, None),
+        (signal.SIGTERM, 143, None),
+        # Spawned standbys may be in the middle of importing torch: they must go too.
+        (signal.SIGTERM, 143, "spawn"),
+    ],
+)
+def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(
+    tmp_path, signum, code, start_method
+) -> None:
+    run = Run(tmp_path, start_method=start_method)
     run.wait_for("pass ")  # scenarios are running; the torchrun job is under way
     run.proc.send_signal(signum)
     started = time.monotonic()

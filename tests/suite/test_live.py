@@ -22,7 +22,7 @@ import pytest
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import rules, schema
 from dcp_invariant.evidence.verify import verify_artifact
-from dcp_invariant.suite import runner
+from dcp_invariant.suite import pool, runner
 
 pytestmark = pytest.mark.live
 
@@ -30,13 +30,16 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 SUITE_TIMEOUT = 900
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dcp_invariant", *args],
         capture_output=True,
         text=True,
         timeout=SUITE_TIMEOUT,
         cwd=cwd,
+        env=env,
         check=False,
     )
 
@@ -95,10 +98,23 @@ def test_live_artifact_verifies_offline(live_artifact: Path) -> None:
         assert check.returncode == 0, check.stdout
 
 
-def test_two_runs_produce_byte_identical_evidence(live_artifact: Path, tmp_path: Path) -> None:
+def test_a_second_run_with_spawned_workers_gives_byte_identical_evidence(
+    live_artifact: Path, tmp_path: Path
+) -> None:
+    """Deterministic, and the same on the spawn path that macOS and Windows take."""
     second = tmp_path / "second"
-    proc = run_cli("run", "--output-dir", str(second), "--source-revision", REVISION)
+    before = _temp_entries()
+    proc = run_cli(
+        "run",
+        "--output-dir",
+        str(second),
+        "--source-revision",
+        REVISION,
+        env={**os.environ, pool.START_METHOD_ENV: "spawn"},
+    )
     assert proc.returncode == 0, proc.stderr
+    assert _temp_entries() <= before, sorted(_temp_entries() - before)
+    assert _children(os.getpid()) == []
     for rel in schema.ARTIFACT_FILES:
         assert (second / rel).read_bytes() == (live_artifact / rel).read_bytes(), rel
 

@@ -1,0 +1,42 @@
+"""Worker processes as the pool starts them: forked from the server or spawned ahead.
+
+Both paths must end a worker the same way: its exit status kept, and no interpreter teardown
+(a forked worker leaves through ``os._exit``; a spawned one must too, or it pays ~1.8 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from worker_tasks import FINALIZED
+
+from dcp_invariant.suite import pool
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture(params=pool.START_METHODS)
+def started(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[pool.WorkerPool]:
+    workers = pool.WorkerPool(timeout=120, method=request.param)
+    workers.start(tmp_path / "server")
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
+def test_a_worker_keeps_its_exit_status(started: pool.WorkerPool, tmp_path: Path) -> None:
+    outcome = started.run_group("worker_tasks:exit_with", 2, tmp_path, "exit", {"code": 7})
+    assert outcome.exit_codes == [7, 7]
+    assert [r["rank"] for r in outcome.results] == [0, 1]
+
+
+def test_a_worker_ends_without_interpreter_teardown(
+    started: pool.WorkerPool, tmp_path: Path
+) -> None:
+    outcome = started.run_group("worker_tasks:keep_a_finalizer", 1, tmp_path, "teardown", {})
+    assert outcome.ok, outcome.log_tail()
+    assert outcome.results == [{"rank": 0}]
+    assert not (tmp_path / FINALIZED).exists()
