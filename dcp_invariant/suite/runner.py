@@ -23,7 +23,8 @@ from dcp_invariant import plan, runtimes
 from dcp_invariant.evidence import rules
 from dcp_invariant.suite.pool import WorkerPool
 from dcp_invariant.suite.scenarios import DRIVERS
-from dcp_invariant.suite.scenarios.common import ScenarioContext
+from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import EnvironmentProblem, Workspace
 
 DEFAULT_TIMEOUT = 180.0
@@ -106,13 +107,14 @@ def run_suite(
             runtimes.require(distribution, versions["torch"])
             if run_plan.kind == "fixture":
                 _probe_fixture(pool, workspace / "fixture-probe", fixture)
+            shared = SharedGroups(workspace / "shared", STORE_ROOT)
 
             def one(name: str) -> None:
                 started = time.monotonic()
                 scenario = run_plan.scenario(name)
                 workdir = workspace / name
                 workdir.mkdir()
-                ctx = ScenarioContext(scenario, pool, workdir, fixture, run_plan)
+                ctx = ScenarioContext(scenario, pool, workdir, fixture, run_plan, shared=shared)
                 obs = DRIVERS[scenario.family](ctx)
                 _refuse_environment_failures(ctx)
                 elapsed = time.monotonic() - started

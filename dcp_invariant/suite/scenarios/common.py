@@ -20,6 +20,7 @@ from dcp_invariant.canonical import CanonicalJSONError
 from dcp_invariant.commit import CheckpointStore, CommitError, PromotionRefused, SealError
 from dcp_invariant.evidence import schema
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
+from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import ENVIRONMENT_ERRNOS, environment_problem
 
 PACKAGE = "dcp_invariant.suite.scenarios"
@@ -66,6 +67,7 @@ class ScenarioContext:
     fixture: str
     run_plan: plan.Plan = plan.REGISTERED
     intern: Interner = field(default_factory=Interner)
+    shared: SharedGroups | None = None  # None: every group runs for this scenario alone
     outcomes: list[tuple[str, GroupOutcome]] = field(default_factory=list)
     tasks_run: list[str] = field(default_factory=list)
     # What the console shows about a failure and the evidence must not hold (paths, digests).
@@ -75,11 +77,26 @@ class ScenarioContext:
     def store(self) -> CheckpointStore:
         return CheckpointStore(self.workdir / STORE_ROOT)
 
-    def group(self, name: str, task: str, world_size: int, payload: dict[str, Any]) -> GroupOutcome:
-        """Run ``task`` (``name`` in tasks.py, or ``module:name`` beside it) on a fresh group."""
+    def group(
+        self,
+        name: str,
+        task: str,
+        world_size: int,
+        payload: dict[str, Any],
+        *,
+        shareable: bool = False,
+    ) -> GroupOutcome:
+        """Run ``task`` (``name`` in tasks.py, or ``module:name`` beside it) on a fresh group.
+
+        ``shareable``: another scenario's identical group may have run it already; this one
+        then gets that group's outcome and a copy of its store (:mod:`.shared_groups`).
+        """
         self.tasks_run.append(task)
         ref = f"{PACKAGE}.{task}" if ":" in task else f"{TASKS}:{task}"
-        outcome = self.pool.run_group(ref, world_size, self.workdir, name, payload)
+        if shareable and self.shared is not None:
+            outcome = self.shared.run(self.pool, ref, world_size, self.workdir, name, payload)
+        else:
+            outcome = self.pool.run_group(ref, world_size, self.workdir, name, payload)
         self.outcomes.append((name, outcome))
         return outcome
 
@@ -143,7 +160,9 @@ class ScenarioContext:
         if crash is not None:
             plan[-1]["crash"] = crash
         payload = {"fixture": self.fixture, "saves": plan, "reference_step": reference_step}
-        outcome = self.group("source", "train_and_save", self.scenario.source_world_size, payload)
+        outcome = self.group(
+            "source", "train_and_save", self.scenario.source_world_size, payload, shareable=True
+        )
         obs["source"] = outcome.record()
         return outcome
 

@@ -102,6 +102,7 @@ def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool]
         "store": STORE_ROOT,
         "timeout": timeout,
     }
+    worker.prepare_workdir(workdir)
     (workdir / plan.ELASTIC_PAYLOAD_FILE).write_text(json.dumps(payload), encoding="utf-8")
     command = [
         sys.executable,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from dcp_invariant import canonical
-from dcp_invariant.suite import worker
+from dcp_invariant.suite import pool, worker
 
 MARKER_FILE = "marker.json"
 # Long enough for the agent to see the dying rank's exit first, so the restart follows it.
@@ -55,6 +55,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     task_payload = {"fixture": payload["fixture"], "store": payload["store"], "extra": extra}
+    worker.import_frozen(pool.PRELOAD)
     worker.run(
         "dcp_invariant.suite.scenarios.tasks:load_and_step",
         rank,
@@ -74,4 +75,6 @@ def _is_numeric_loopback(address: str) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # The agent waits for its workers to end: skip finalizing torch (~1.8 s), as forked and
+    # spawned workers do.
+    worker.exit_without_teardown(main(sys.argv[1:]))

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     except guard.GuardError as exc:
         print(f"dcp-invariant: torchrun guard refused to start: {exc}", file=sys.stderr)
         return GUARD_REFUSED_EXIT_CODE
+    worker.import_frozen(["torch.distributed.run"])
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main(args)
@@ -32,4 +33,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The elastic scenario waits for this process to end: skip finalizing torch (~1 s).
+    worker.exit_without_teardown(main())

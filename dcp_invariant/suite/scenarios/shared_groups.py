@@ -1,0 +1,66 @@
+"""Worker groups that several scenarios run identically run once; each scenario gets a copy.
+
+In the registered suite, training_2_to_1, training_2_to_2 and elastic_restart_2_to_2 train
+and save the same way, and so do the three damage scenarios. A group's outcome is a function
+of its task, world size, name and payload (the suite's evidence is byte-identical from run to
+run), so running it again buys nothing but fresh interpreters, which on the spawn path
+(macOS, Windows) are most of the suite's time. Only groups a driver marks as shareable are
+shared: a group run twice on purpose (a fixture's uninterrupted arm, to catch
+non-determinism) never is. Each scenario then seals, damages, promotes and loads its own copy
+of the checkpoint store, in its own workspace.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import canonical
+from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
+
+
+class SharedGroups:
+    """One run's shareable groups, each run in a directory of its own under ``root``."""
+
+    def __init__(self, root: Path, copied: str) -> None:
+        self._root = root
+        self._copied = copied  # what a group leaves that a scenario acts on: the store
+        self._lock = threading.Lock()
+        self._runs: dict[bytes, Future[tuple[Path, GroupOutcome]]] = {}
+
+    def run(
+        self,
+        pool: WorkerPool,
+        task: str,
+        world_size: int,
+        workdir: Path,
+        name: str,
+        payload: dict[str, Any],
+    ) -> GroupOutcome:
+        """The group's outcome, running it only if no scenario has; its store copied to ``workdir``.
+
+        The first scenario to ask runs the group; the others wait for it. If it fails to run
+        at all (an interrupt), every waiter gets the same exception.
+        """
+        key = canonical.dumps({"name": name, "payload": payload, "task": task, "ws": world_size})
+        with self._lock:
+            future = self._runs.get(key)
+            owner = future is None
+            if future is None:
+                future = Future()
+                self._runs[key] = future
+                home = self._root / f"group-{len(self._runs)}"
+        if owner:
+            try:
+                home.mkdir(parents=True)
+                future.set_result((home, pool.run_group(task, world_size, home, name, payload)))
+            except BaseException as exc:
+                future.set_exception(exc)
+                raise
+        home, outcome = future.result()
+        if (home / self._copied).is_dir():
+            shutil.copytree(home / self._copied, workdir / self._copied, symlinks=True)
+        return outcome

@@ -1,0 +1,123 @@
+"""Shareable groups run once per run; every scenario that asks gets the outcome and its own store."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dcp_invariant.suite.pool import Cancelled, GroupOutcome
+from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
+
+
+class RecordingPool:
+    """Stands in for the worker pool: writes a store and counts the groups it was asked to run."""
+
+    def __init__(self, release: threading.Event | None = None, fail: bool = False) -> None:
+        self.calls: list[tuple[str, int, str]] = []
+        self.release = release
+        self.fail = fail
+
+    def run_group(
+        self, task: str, world_size: int, workdir: Path, name: str, payload: dict[str, Any]
+    ) -> GroupOutcome:
+        self.calls.append((task, world_size, workdir.name))
+        if self.release is not None:
+            assert self.release.wait(10)
+        if self.fail:
+            raise Cancelled("the run is being interrupted")
+        (workdir / "ckpt" / "candidates" / "step-3").mkdir(parents=True)
+        (workdir / "ckpt" / "candidates" / "step-3" / ".metadata").write_bytes(b"saved")
+        return GroupOutcome(exit_codes=[0] * world_size, timed_out=False, results=[], logs=[])
+
+
+def scenario_dirs(tmp_path: Path, count: int) -> list[Path]:
+    dirs = [tmp_path / f"scenario-{i}" for i in range(count)]
+    for d in dirs:
+        d.mkdir()
+    return dirs
+
+
+def test_identical_groups_run_once_and_each_scenario_gets_its_own_store(tmp_path: Path) -> None:
+    pool = RecordingPool()
+    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    a, b = scenario_dirs(tmp_path, 2)
+    first = shared.run(pool, "tasks:train", 2, a, "source", {"steps": 3})  # type: ignore[arg-type]
+    second = shared.run(pool, "tasks:train", 2, b, "source", {"steps": 3})  # type: ignore[arg-type]
+    assert pool.calls == [("tasks:train", 2, "group-1")]
+    assert first is second
+    (a / "ckpt" / "candidates" / "step-3" / ".metadata").unlink()  # one scenario damages its copy
+    assert (b / "ckpt" / "candidates" / "step-3" / ".metadata").read_bytes() == b"saved"
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        ("tasks:train", 1, "source", {"steps": 3}),
+        ("tasks:train", 2, "source", {"steps": 4}),
+        ("tasks:other", 2, "source", {"steps": 3}),
+        ("tasks:train", 2, "target", {"steps": 3}),
+    ],
+)
+def test_groups_that_differ_in_anything_run_apart(tmp_path: Path, other: tuple[Any, ...]) -> None:
+    pool = RecordingPool()
+    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    a, b = scenario_dirs(tmp_path, 2)
+    shared.run(pool, "tasks:train", 2, a, "source", {"steps": 3})  # type: ignore[arg-type]
+    task, world_size, name, payload = other
+    shared.run(pool, task, world_size, b, name, payload)  # type: ignore[arg-type]
+    assert [call[2] for call in pool.calls] == ["group-1", "group-2"]
+
+
+def test_a_scenario_waits_for_the_group_another_is_running(tmp_path: Path) -> None:
+    release = threading.Event()
+    pool = RecordingPool(release)
+    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    a, b = scenario_dirs(tmp_path, 2)
+    owner = threading.Thread(
+        target=shared.run, args=(pool, "tasks:train", 2, a, "source", {"steps": 3})
+    )
+    owner.start()
+    while not pool.calls:
+        threading.Event().wait(0.01)
+    waiter_done = threading.Event()
+
+    def wait() -> None:
+        shared.run(pool, "tasks:train", 2, b, "source", {"steps": 3})  # type: ignore[arg-type]
+        waiter_done.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert not waiter_done.wait(0.3), "the waiter must not finish before the group has run"
+    release.set()
+    owner.join(10)
+    waiter.join(10)
+    assert waiter_done.is_set()
+    assert len(pool.calls) == 1
+    assert (b / "ckpt" / "candidates" / "step-3" / ".metadata").exists()
+
+
+def test_an_interrupted_group_interrupts_every_scenario_waiting_for_it(tmp_path: Path) -> None:
+    release = threading.Event()
+    pool = RecordingPool(release, fail=True)
+    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    a, b = scenario_dirs(tmp_path, 2)
+    raised: list[BaseException] = []
+
+    def run(workdir: Path) -> None:
+        try:
+            shared.run(pool, "tasks:train", 2, workdir, "source", {})  # type: ignore[arg-type]
+        except Cancelled as exc:
+            raised.append(exc)
+
+    threads = [threading.Thread(target=run, args=(d,)) for d in (a, b)]
+    for t in threads:
+        t.start()
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert len(raised) == 2
+    assert len(pool.calls) == 1
+    assert not (b / "ckpt").exists()
