@@ -313,7 +313,8 @@ def _run_and_write(
         print(f"dcp-invariant: fail: {exc}", file=sys.stderr)
         return EXIT_FAIL
     except runner.WorkerStartError as exc:
-        print(exc.logs, file=sys.stderr)
+        if exc.logs:
+            print(exc.logs, file=sys.stderr)
         raise UsageError(str(exc)) from exc
     record = provenance.build(
         source_revision=revision,

@@ -78,6 +78,14 @@ class Cancelled(Exception):
     """The run is being interrupted: no new group starts."""
 
 
+class StandbyFailed(RuntimeError):
+    """A spawned standby ended before it could say what it imported."""
+
+    def __init__(self, exit_code: int | None) -> None:
+        self.exit_code = exit_code
+        super().__init__(f"a spawned worker ended while importing (exit code {exit_code})")
+
+
 class StartMethodError(ValueError):
     """DCP_INVARIANT_START_METHOD names no usable start method (bad input)."""
 
@@ -96,6 +104,19 @@ def start_method() -> str:
     return "forkserver" if sys.platform == "linux" else "spawn"
 
 
+@dataclass
+class _Standby:
+    """A spawned worker waiting for its one job, and its two pipes."""
+
+    process: Any
+    jobs: Any  # the job goes down this one
+    ready: Any  # what it imported comes up this one
+
+    def close(self) -> None:
+        self.jobs.close()
+        self.ready.close()
+
+
 class WorkerPool:
     def __init__(self, timeout: float, method: str | None = None) -> None:
         self.timeout = timeout
@@ -104,10 +125,10 @@ class WorkerPool:
         self._live: set[Any] = set()  # started worker processes and the torchrun agent
         self.method = method or start_method()
         self._ctx: Any = multiprocessing.get_context(self.method)
-        self._standby: list[tuple[Any, Any]] = []  # (process, connection) of idle spawned workers
+        self._standby: list[_Standby] = []  # idle spawned workers, oldest first
         self._home: Path | None = None
         if self.method == "forkserver":
-            self._ctx.set_forkserver_preload(PRELOAD)
+            self._ctx.set_forkserver_preload(["dcp_invariant.suite.fork_server", *PRELOAD])
 
     def start(self, workdir: Path) -> None:
         """Start the fork server with its home and temp directory inside ``workdir``.
@@ -189,30 +210,59 @@ class WorkerPool:
             logs=[workdir / worker.log_path(group, r) for r in range(world_size)],
         )
 
+    def imported_versions(self) -> dict[str, str | None] | None:
+        """torch's and NumPy's versions as the next spawned standby imported them.
+
+        Reading them uses nothing up: the standby still takes a job of its own later, so the
+        check before any scenario costs no interpreter. None on the fork-server path, where a
+        probe job costs a fork.
+        """
+        if self.method == "forkserver":
+            return None
+        with self._lock:
+            self._refuse_if_cancelled()
+            self._refill(1)
+            proc, conn = self._standby[0].process, self._standby[0].ready
+        try:
+            ready = conn.poll(self.timeout)  # waiting for the imports, without the lock
+            versions: dict[str, str | None] = conn.recv() if ready else {}
+        except (EOFError, OSError):
+            self._refuse_if_cancelled()  # cancel() closed the pipe: an interrupt, not a failure
+            with self._lock:
+                proc.join(CANCEL_GRACE_SECONDS)
+                raise StandbyFailed(proc.exitcode) from None
+        if not ready:
+            raise StandbyFailed(None)
+        return versions
+
     def _refill(self, count: int) -> None:
         """Start spawned standbys up to ``count`` idle ones (caller holds the lock)."""
         assert self._home is not None, "start() the pool first"
         while len(self._standby) < count:
-            reader, writer = self._ctx.Pipe(duplex=False)
+            # Two one-way pipes, not one duplex: closing a socket whose peer's message was never
+            # read resets the connection (Linux), which would lose the job sent just before.
+            job_reader, job_writer = self._ctx.Pipe(duplex=False)
+            ready_reader, ready_writer = self._ctx.Pipe(duplex=False)
             proc = self._ctx.Process(
                 target=worker.standby,
-                args=(reader, str(self._home), PRELOAD),
+                args=(job_reader, ready_writer, os.getpid(), str(self._home), PRELOAD),
                 name="dcp-invariant-standby",
                 daemon=False,
             )
             proc.start()
-            reader.close()
-            self._standby.append((proc, writer))
+            job_reader.close()
+            ready_writer.close()
+            self._standby.append(_Standby(proc, job_writer, ready_reader))
 
     def _hand_out(self, jobs: list[tuple[Any, ...]]) -> list[Any]:
         """Give each job to its own standby (starting more if too few wait), then refill."""
         self._refill(len(jobs))
         taken, self._standby = self._standby[: len(jobs)], self._standby[len(jobs) :]
-        for (_, conn), job in zip(taken, jobs, strict=True):
-            conn.send(job)
-            conn.close()
+        for standby, job in zip(taken, jobs, strict=True):
+            standby.jobs.send(job)
+            standby.close()
         self._refill(STANDBY)
-        return [proc for proc, _ in taken]
+        return [standby.process for standby in taken]
 
     def track(self, proc: subprocess.Popen[bytes]) -> None:
         """Let :meth:`cancel` reach a process the pool did not start itself (the torchrun agent)."""
@@ -252,11 +302,11 @@ class WorkerPool:
 
     def _stop_standby(self) -> None:
         """Idle standbys have no job: closing their pipe ends them; kill any still importing."""
-        for proc, conn in self._standby:
-            conn.close()
-            proc.kill()
-        for proc, _ in self._standby:
-            proc.join(CANCEL_GRACE_SECONDS)
+        for standby in self._standby:
+            standby.close()
+            standby.process.kill()
+        for standby in self._standby:
+            standby.process.join(CANCEL_GRACE_SECONDS)
         self._standby = []
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from dcp_invariant import plan, runtimes
 from dcp_invariant.evidence import rules
-from dcp_invariant.suite.pool import WorkerPool
+from dcp_invariant.suite.pool import StandbyFailed, WorkerPool
 from dcp_invariant.suite.scenarios import DRIVERS
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
@@ -57,8 +57,9 @@ class WorkerStartError(RuntimeError):
         self.logs = logs
         missing = re.findall(r"No module named '([^']+)'", logs)
         what = f"could not import {missing[-1]}" if missing else "could not import torch and numpy"
+        codes = f" (exit codes {exit_codes})" if exit_codes else ""
         super().__init__(
-            f"a worker {what} (exit codes {exit_codes}); "
+            f"a worker {what}{codes}; "
             "reinstall the runtime: python -m pip install 'dcp-invariant[runtime]'"
         )
 
@@ -199,11 +200,23 @@ def _refuse_environment_failures(ctx: ScenarioContext) -> None:
 
 
 def _probe(pool: WorkerPool, workdir: Path) -> dict[str, str]:
-    """torch.__version__ and NumPy's version, read in a worker: the runner must not import torch."""
+    """torch.__version__ and NumPy's version, read in a worker: the runner must not import torch.
+
+    On the spawn path the next standby says what it imported, which costs no interpreter. A
+    forked probe job reads them otherwise, and also where a standby lacks one: its log then
+    names what could not be imported.
+    """
+    try:
+        imported = pool.imported_versions()
+    except StandbyFailed as exc:
+        raise WorkerStartError([] if exc.exit_code is None else [exc.exit_code], "") from None
+    if imported is not None and None not in imported.values():
+        return {name: str(version) for name, version in imported.items()}
     workdir.mkdir()
     outcome = pool.run_group(
         "dcp_invariant.suite.scenarios.tasks:runtime_versions", 1, workdir, "probe", {}
     )
     if not outcome.ok or not outcome.results:
         raise WorkerStartError(outcome.exit_codes, outcome.log_tail())
-    return outcome.results[0]
+    result: dict[str, str] = outcome.results[0]
+    return result

@@ -9,6 +9,7 @@ mid-task still leaves what it finished.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import importlib
 import os
@@ -88,13 +89,23 @@ def loopback_gloo_options() -> Any:
     return options
 
 
-def die_with_parent() -> None:
+# The PID that started a subprocess the suite launches (the torchrun agent, its ranks), set by
+# that parent in the child's environment.
+PARENT_PID_ENV = "DCP_INVARIANT_PARENT_PID"
+
+
+def die_with_parent(parent: int | None = None) -> None:
     """Have the kernel kill this process when its parent dies (Linux: ``PR_SET_PDEATHSIG``).
 
     A runner killed with SIGKILL runs no cleanup: its fork server then exits (it watches a pipe
     to the runner), and this makes the workers it forked follow; the same holds for torchrun's
     agent and its workers, which it starts in sessions of their own. Elsewhere there is no such
     call; a worker's collectives then time out on their own.
+
+    A parent that died before the call has already handed this process to another: PID 1, or a
+    subreaper with any PID (``PR_SET_CHILD_SUBREAPER``, as container runtimes and CI agents
+    set). So the parent is compared with the one that started it: ``parent``, or
+    ``$DCP_INVARIANT_PARENT_PID``, or else only PID 1 is known to be wrong.
     """
     if sys.platform != "linux":
         return
@@ -103,8 +114,11 @@ def die_with_parent() -> None:
     pr_set_pdeathsig = 1
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() == 1:  # the parent died before the call: follow it now
-        os._exit(1)
+    if parent is None and os.environ.get(PARENT_PID_ENV, "").isdigit():
+        parent = int(os.environ[PARENT_PID_ENV])
+    current = os.getppid()
+    if current == 1 or (parent is not None and current != parent):
+        os._exit(1)  # the parent died before the call: follow it now
 
 
 def run(
@@ -147,24 +161,27 @@ def run(
         dist.destroy_process_group()
 
 
-def standby(conn: Any, home: str, preload: list[str]) -> None:
+def standby(jobs: Any, ready: Any, parent: int, home: str, preload: list[str]) -> None:
     """A spawned interpreter that imports what workers need, then waits for its one job.
 
     Spawning costs a whole interpreter start and ``import torch``; done ahead, while other
     scenarios run, a spawned worker is handed out as fast as a forked one and is as fresh:
     nothing ran in it but imports. It takes one job and exits; it is never reused.
     """
-    die_with_parent()
+    die_with_parent(parent)
     status = _SkipTeardown()
     os.environ.update(isolated_environment(Path(home)))
     tempfile.tempdir = None
     import_frozen(preload)
+    with contextlib.suppress(OSError):  # BrokenPipeError: the pool has stopped listening
+        ready.send(imported_versions())
+    ready.close()
     try:
-        job = conn.recv()
+        job = jobs.recv()
     except EOFError:
         status.code = 0
         return  # the pool closed without a job for this one
-    conn.close()
+    jobs.close()
     try:
         forked(*job)
     except SystemExit as exc:
@@ -192,6 +209,12 @@ class _SkipTeardown:
 
     def _exit(self) -> None:
         exit_without_teardown(self.code)
+
+
+def imported_versions() -> dict[str, str | None]:
+    """torch's and NumPy's versions as this interpreter imported them; None: not imported."""
+    modules = {name: sys.modules.get(name) for name in ("numpy", "torch")}
+    return {name: None if m is None else str(m.__version__) for name, m in modules.items()}
 
 
 def import_frozen(modules: list[str]) -> None:

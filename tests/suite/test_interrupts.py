@@ -40,6 +40,18 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+def torchrun_ranks_with(marker: str) -> list[int]:
+    """Of :func:`processes_with`, the torchrun job's ranks."""
+    found = []
+    for pid in processes_with(marker):
+        try:
+            if b"elastic_rank" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def wait_until(condition, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -89,6 +101,11 @@ class Run:
     def wait_for(self, text: str, seconds: float = 120) -> None:
         assert wait_until(lambda: any(text in line for line in self.stderr), seconds), self.stderr
 
+    def wait_for_torchrun(self, seconds: float = 120) -> None:
+        """Until the torchrun job's ranks run, and some scenario has finished."""
+        self.wait_for("pass ", seconds)
+        assert wait_until(lambda: torchrun_ranks_with(str(self.tmpdir)), seconds), self.stderr
+
     def finish(self, seconds: float) -> int:
         try:
             return self.proc.wait(timeout=seconds)
@@ -116,7 +133,7 @@ def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(
     tmp_path, signum, code, start_method
 ) -> None:
     run = Run(tmp_path, start_method=start_method)
-    run.wait_for("pass ")  # scenarios are running; the torchrun job is under way
+    run.wait_for_torchrun()
     run.proc.send_signal(signum)
     started = time.monotonic()
     assert run.finish(seconds=30) == code, "".join(run.stderr)
@@ -134,7 +151,7 @@ def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(
 @linux_only
 def test_after_sigkill_the_children_follow_and_the_next_run_sweeps_the_workspace(tmp_path) -> None:
     run = Run(tmp_path)
-    run.wait_for("pass ")
+    run.wait_for_torchrun()
     run.proc.kill()
     run.finish(seconds=30)
     assert wait_until(lambda: not processes_with(str(run.tmpdir)), 2.5), processes_with(

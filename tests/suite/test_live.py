@@ -119,6 +119,29 @@ def test_a_second_run_with_spawned_workers_gives_byte_identical_evidence(
         assert (second / rel).read_bytes() == (live_artifact / rel).read_bytes(), rel
 
 
+@pytest.mark.parametrize("start_method", pool.START_METHODS)
+def test_a_worker_that_cannot_import_numpy_stops_the_run_before_any_scenario(
+    tmp_path: Path, start_method: str
+) -> None:
+    shadow = tmp_path / "shadow" / "numpy"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'numpy'\")\n")
+    search = [str(shadow.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(search),
+        pool.START_METHOD_ENV: start_method,
+    }
+    out = tmp_path / "out"
+    proc = run_cli("run", "--output-dir", str(out), "--source-revision", REVISION, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(
+        "dcp-invariant: error: a worker could not import numpy"
+    ), proc.stderr
+    assert "pass " not in proc.stderr and "fail " not in proc.stderr
+    assert not out.exists()
+
+
 def test_evidence_names_no_path_host_user_or_process(live_artifact: Path) -> None:
     text = "\n".join(
         (live_artifact / rel).read_text(encoding="utf-8") for rel in schema.ARTIFACT_FILES

@@ -113,6 +113,7 @@ def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool]
     env = dict(os.environ)
     env.update(worker.isolated_environment(workdir))
     env[guard.ATTESTATION_ENV] = ATTESTATION_FILE
+    env[worker.PARENT_PID_ENV] = str(os.getpid())
     # Workers are fresh interpreters: give them this very package and, as multiprocessing does
     # for its spawned children, the runner's import path, where the fixture module was found.
     package_parent = str(Path(dcp_invariant.__file__).resolve().parent.parent)

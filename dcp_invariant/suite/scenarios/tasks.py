@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy
+import numpy  # noqa: F401  (imported, so the probe reports the NumPy workers run with)
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
@@ -24,7 +24,7 @@ from dcp_invariant.commit import ReceiptMismatch
 from dcp_invariant.commit.store import CheckpointStore
 from dcp_invariant.suite.digest import component_digests, value_digest
 from dcp_invariant.suite.fixture import build_app
-from dcp_invariant.suite.worker import Report
+from dcp_invariant.suite.worker import Report, imported_versions
 
 DTENSOR_DTYPE = getattr(torch, plan.DTENSOR.dtype.removeprefix("torch."))
 DTENSOR_SHAPE = plan.DTENSOR.shape
@@ -48,7 +48,7 @@ class _CrashingWriter(FileSystemWriter):
 
 
 def runtime_versions(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
-    report({"numpy": numpy.__version__, "torch": str(torch.__version__)})
+    report(imported_versions())
 
 
 def train_and_save(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:

@@ -20,6 +20,7 @@ GUARD_REFUSED_EXIT_CODE = 3
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     worker.die_with_parent()
+    os.environ[worker.PARENT_PID_ENV] = str(os.getpid())  # the agent starts the ranks itself
     try:
         guard.install(os.environ.get(guard.ATTESTATION_ENV))
     except guard.GuardError as exc:

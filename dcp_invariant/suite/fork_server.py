@@ -1,0 +1,14 @@
+"""Imported first by the fork server, and only there: the fork server dies with the runner.
+
+multiprocessing's fork server leaves when it reads the end of its pipe to the runner, but only
+after finalizing an interpreter that imported torch, which takes seconds
+(``multiprocessing/forkserver.py``, ``main``); the workers it forked die with it, not with the
+runner, so they would run on that long. Set here, the kernel kills it the moment the runner
+dies, and its workers follow (:func:`worker.die_with_parent`).
+"""
+
+from __future__ import annotations
+
+from dcp_invariant.suite import worker
+
+worker.die_with_parent()
