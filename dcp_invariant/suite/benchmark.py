@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import_seconds = _median_import(args.imports)
     print(f"python -c 'import torch': {import_seconds:.2f} s (median of {args.imports})")
-    total, per_scenario, tree_peak, ok = _suite()
+    total, per_scenario, tree_peak, ok = _suite(sample_memory=True)
     print(f"\n{'scenario':<26}{'wall s':>8}")
     for name in plan.SCENARIO_NAMES:
         print(f"{name:<26}{per_scenario.get(name, float('nan')):>8.2f}")
@@ -159,8 +159,13 @@ def _median_import(times: int) -> float:
 
 
 def _suite(
-    extra: list[str] | None = None, env: dict[str, str] | None = None
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    sample_memory: bool = False,
 ) -> tuple[float, dict[str, float], int, bool]:
+    """Wall time of one ``run``; ``sample_memory`` also walks /proc every 50 ms for the tree's
+    peak RSS, which costs about 2 s of CPU over a spawn-path run: only where it is printed."""
     with tempfile.TemporaryDirectory(prefix="dcp-invariant-bench-") as tmp:
         command = [
             sys.executable,
@@ -182,11 +187,13 @@ def _suite(
             env={**os.environ, **(env or {})},
         )
         sampler = _TreeSampler(proc.pid)
-        sampler.start()
+        if sample_memory:
+            sampler.start()
         try:
             _, stderr = proc.communicate(timeout=1800)
         finally:
-            sampler.stop()
+            if sample_memory:
+                sampler.stop()
         total = time.perf_counter() - started
     per_scenario = {m.group(2): float(m.group(3)) for m in _LINE.finditer(stderr)}
     if proc.returncode != 0:

@@ -1,11 +1,12 @@
 """Launching groups of fresh worker processes, each with a deadline, always reaped.
 
-Process start-up dominates the suite: one ``import torch`` costs about a second here. On Linux
-a fork server that has preloaded torch hands out fresh processes in milliseconds; they share
-no training state with anything, which is what a resume test needs from "fresh". Where there
-is no fork server (Windows), or forking a process that loaded system frameworks is unsafe
-(macOS: CPython defaults to spawn there for that reason), workers are spawned interpreters that
-were started ahead, imported torch while other scenarios ran, and take exactly one job each.
+Process start-up dominates the suite: a worker imports torch, DCP and torch._dynamo, about 3 s
+of CPU here. On Linux a fork server that has preloaded them hands out fresh processes in
+milliseconds; they share no training state with anything, which is what a resume test needs
+from "fresh". Where there is no fork server (Windows), or forking a process that loaded system
+frameworks is unsafe (macOS: CPython defaults to spawn there for that reason), workers are
+spawned interpreters that were started ahead, imported torch while other scenarios ran, and
+take exactly one job each.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ PRELOAD = [
     "torch.utils.serialization",
 ]
 # How many spawned workers wait, imported and idle, for their one job. Imports keep both cores
-# busy either way; each idle one left at the end is ~3 s of CPU spent for nothing. Measured
-# (registered suite, spawn path): 0, 1, 2, 3 standbys took 38.7, 38.4, 39.8, 42.7 s.
+# busy either way, and each idle one left at the end is ~3 s of CPU spent for nothing.
+# Measured (registered suite, spawn path, one sitting): 0, 1 and 2 standbys took 33.5-34.7,
+# 33.8 and 34.8 s; 3 were slower still in an earlier sitting.
 STANDBY = 1
 START_METHOD_ENV = "DCP_INVARIANT_START_METHOD"
 START_METHODS = ("forkserver", "spawn")
@@ -127,6 +129,7 @@ class WorkerPool:
         self._ctx: Any = multiprocessing.get_context(self.method)
         self._standby: list[_Standby] = []  # idle spawned workers, oldest first
         self._home: Path | None = None
+        self._keep = STANDBY  # idle standbys to keep; 0 once no scenario is left to start
         if self.method == "forkserver":
             self._ctx.set_forkserver_preload(["dcp_invariant.suite.fork_server", *PRELOAD])
 
@@ -261,8 +264,14 @@ class WorkerPool:
         for standby, job in zip(taken, jobs, strict=True):
             standby.jobs.send(job)
             standby.close()
-        self._refill(STANDBY)
+        self._refill(self._keep)
         return [standby.process for standby in taken]
+
+    def wind_down(self) -> None:
+        """Every scenario has started: keep no more standbys (the last would be wasted imports);
+        the groups still to come spawn their workers when they ask."""
+        with self._lock:
+            self._keep = 0
 
     def track(self, proc: subprocess.Popen[bytes]) -> None:
         """Let :meth:`cancel` reach a process the pool did not start itself (the torchrun agent)."""

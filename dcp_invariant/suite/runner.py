@@ -110,8 +110,14 @@ def run_suite(
                 _probe_fixture(pool, workspace / "fixture-probe", fixture)
             shared = SharedGroups(workspace / "shared", STORE_ROOT)
 
+            begun: list[str] = []
+
             def one(name: str) -> None:
                 started = time.monotonic()
+                with lock:
+                    begun.append(name)
+                    if len(begun) == len(order):
+                        pool.wind_down()
                 scenario = run_plan.scenario(name)
                 workdir = workspace / name
                 workdir.mkdir()

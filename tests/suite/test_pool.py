@@ -6,6 +6,7 @@ Both paths must end a worker the same way: its exit status kept, and no interpre
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,3 +41,18 @@ def test_a_worker_ends_without_interpreter_teardown(
     assert outcome.ok, outcome.log_tail()
     assert outcome.results == [{"rank": 0}]
     assert not (tmp_path / FINALIZED).exists()
+
+
+def test_once_wound_down_no_idle_standby_is_left_waiting(tmp_path: Path) -> None:
+    workers = pool.WorkerPool(timeout=120, method="spawn")
+    workers.start(tmp_path / "server")
+    try:
+        outcome = workers.run_group("worker_tasks:exit_with", 1, tmp_path, "before", {"code": 0})
+        assert outcome.exit_codes == [0]
+        assert len(multiprocessing.active_children()) == pool.STANDBY  # waiting for the next job
+        workers.wind_down()
+        outcome = workers.run_group("worker_tasks:exit_with", 1, tmp_path, "after", {"code": 0})
+        assert outcome.exit_codes == [0]
+        assert multiprocessing.active_children() == []
+    finally:
+        workers.close()
