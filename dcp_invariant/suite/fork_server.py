@@ -9,6 +9,10 @@ dies, and its workers follow (:func:`worker.die_with_parent`).
 
 from __future__ import annotations
 
+import os
+
 from dcp_invariant.suite import worker
 
-worker.die_with_parent()
+worker.die_with_parent()  # the runner's PID, from the environment the server was started with
+# Not for the workers it forks: their parent is this server.
+os.environ.pop(worker.PARENT_PID_ENV, None)

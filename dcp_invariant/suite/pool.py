@@ -146,12 +146,15 @@ class WorkerPool:
             (workdir / sub).mkdir()
         if self.method != "forkserver":
             self._home = workdir
+            # Nothing else runs yet, and the probe waits for the first standby's imports: one
+            # per core keeps every core importing for the first scenarios meanwhile.
             with self._lock:
-                self._refill(STANDBY)
+                self._refill(max(STANDBY, os.cpu_count() or 1))
             return
         from multiprocessing import forkserver
 
         isolated = worker.isolated_environment(workdir)
+        isolated[worker.PARENT_PID_ENV] = str(os.getpid())  # read and dropped by .fork_server
         saved = {key: os.environ.get(key) for key in isolated}
         os.environ.update(isolated)
         try:
@@ -176,6 +179,8 @@ class WorkerPool:
         # does), which multiprocessing refuses a daemon. Every worker is reaped or killed here
         # (and dies with its parent, worker.die_with_parent), so nothing needs the flag.
         with self._lock:
+            # Again under the lock cancel() takes: a group must not start after its snapshot.
+            self._refuse_if_cancelled()
             if self.method == "forkserver":
                 procs = [
                     self._ctx.Process(
@@ -242,8 +247,9 @@ class WorkerPool:
         """Start spawned standbys up to ``count`` idle ones (caller holds the lock)."""
         assert self._home is not None, "start() the pool first"
         while len(self._standby) < count:
-            # Two one-way pipes, not one duplex: closing a socket whose peer's message was never
-            # read resets the connection (Linux), which would lose the job sent just before.
+            # Two one-way pipes, not one duplex socket: on one socket, once the pool has sent a
+            # job and closed its end, the standby's own message fails with a reset, and a closed
+            # pool reads as a reset instead of an end of file; apart, each side's end is clean.
             job_reader, job_writer = self._ctx.Pipe(duplex=False)
             ready_reader, ready_writer = self._ctx.Pipe(duplex=False)
             proc = self._ctx.Process(

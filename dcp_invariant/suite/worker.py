@@ -105,7 +105,8 @@ def die_with_parent(parent: int | None = None) -> None:
     A parent that died before the call has already handed this process to another: PID 1, or a
     subreaper with any PID (``PR_SET_CHILD_SUBREAPER``, as container runtimes and CI agents
     set). So the parent is compared with the one that started it: ``parent``, or
-    ``$DCP_INVARIANT_PARENT_PID``, or else only PID 1 is known to be wrong.
+    ``$DCP_INVARIANT_PARENT_PID``; only when neither is known is PID 1 taken as the sign (a
+    runner that is itself PID 1, in a container without an init, must pass its PID).
     """
     if sys.platform != "linux":
         return
@@ -117,7 +118,8 @@ def die_with_parent(parent: int | None = None) -> None:
     if parent is None and os.environ.get(PARENT_PID_ENV, "").isdigit():
         parent = int(os.environ[PARENT_PID_ENV])
     current = os.getppid()
-    if current == 1 or (parent is not None and current != parent):
+    orphaned = current != parent if parent is not None else current == 1
+    if orphaned:
         os._exit(1)  # the parent died before the call: follow it now
 
 
@@ -200,7 +202,9 @@ class _SkipTeardown:
     registered before the imports, runs after those torch's modules and the job registered,
     and after ``Process._bootstrap`` has reaped the job's children, shut down its threads and
     flushed stdout and stderr. ``code`` stays 1 (what ``_bootstrap`` reports for an uncaught
-    exception) unless set.
+    exception) unless set. As with a forked worker, what ``_bootstrap`` does after the job
+    cannot change the status (the job's results are written by then), and C-level stdio
+    buffers are not flushed: the job's output goes through Python's streams.
     """
 
     def __init__(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import pytest
 
 from dcp_invariant.suite.pool import Cancelled, GroupOutcome
+from dcp_invariant.suite.scenarios import shared_groups
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 
 
@@ -121,3 +124,36 @@ def test_an_interrupted_group_interrupts_every_scenario_waiting_for_it(tmp_path:
     assert len(raised) == 2
     assert len(pool.calls) == 1
     assert not (b / "ckpt").exists()
+
+
+def test_a_full_disk_while_copying_keeps_its_errno(tmp_path: Path, monkeypatch) -> None:
+    """The runner stops on ENOSPC (exit 2) only if the copy's error still carries it."""
+    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    a, b = scenario_dirs(tmp_path, 2)
+    pool = RecordingPool()
+    shared.run(pool, "tasks:train", 2, a, "source", {})  # type: ignore[arg-type]
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shared_groups.shutil, "copy2", full)
+    with pytest.raises(OSError) as raised:
+        shared.run(pool, "tasks:train", 2, b, "source", {})  # type: ignore[arg-type]
+    assert raised.value.errno == errno.ENOSPC
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symlinks")
+def test_links_in_a_shared_store_are_copied_as_links(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    (source / "generations" / "g1").mkdir(parents=True)
+    (source / "generations" / "g1" / "f").write_bytes(b"x")
+    try:
+        (source / "file-link").symlink_to("generations/g1/f")
+        (source / "dir-link").symlink_to("generations", target_is_directory=True)
+    except OSError:
+        pytest.skip("creating symlinks needs a privilege here")
+    target = tmp_path / "target"
+    shared_groups._copy_tree(source, target)
+    assert (target / "generations" / "g1" / "f").read_bytes() == b"x"
+    assert os.readlink(target / "file-link") == "generations/g1/f"
+    assert os.readlink(target / "dir-link") == "generations"

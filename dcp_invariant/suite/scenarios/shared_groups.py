@@ -12,6 +12,7 @@ of the checkpoint store, in its own workspace.
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from concurrent.futures import Future
@@ -62,5 +63,20 @@ class SharedGroups:
                 raise
         home, outcome = future.result()
         if (home / self._copied).is_dir():
-            shutil.copytree(home / self._copied, workdir / self._copied, symlinks=True)
+            _copy_tree(home / self._copied, workdir / self._copied)
         return outcome
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """``shutil.copytree``, except that a failure keeps its errno.
+
+    copytree gathers per-file errors into ``shutil.Error`` as text, so a full disk would read
+    as a driver error and fail the scenario instead of stopping the run (exit 2). Symlinks are
+    copied as links: the store refuses them, and a copy must not hide one.
+    """
+    for directory, subdirectories, files in os.walk(source):
+        relative = Path(directory).relative_to(source)
+        (target / relative).mkdir(parents=True, exist_ok=True)
+        links = [d for d in subdirectories if (Path(directory) / d).is_symlink()]
+        for name in [*files, *links]:  # os.walk lists a link to a directory but does not enter it
+            shutil.copy2(Path(directory) / name, target / relative / name, follow_symlinks=False)
