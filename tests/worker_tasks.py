@@ -26,5 +26,10 @@ def keep_a_finalizer(rank: int, world_size: int, payload: dict[str, Any], report
 
 
 def exit_with(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+    import torch.distributed as dist
+
+    # Until every rank has joined: a rank that leaves while a peer is still connecting fails
+    # that peer's connection mesh ("Connection closed by peer"), which exits 1, not 7.
+    dist.barrier()
     report({"rank": rank})
     raise SystemExit(payload["code"])
