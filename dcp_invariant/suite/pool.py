@@ -147,9 +147,10 @@ class WorkerPool:
         if self.method != "forkserver":
             self._home = workdir
             # Nothing else runs yet, and the probe waits for the first standby's imports: one
-            # per core keeps every core importing for the first scenarios meanwhile.
+            # per core keeps every core importing for the first scenarios meanwhile, up to the
+            # four: the registered suite's first two scenarios take two workers each.
             with self._lock:
-                self._refill(max(STANDBY, os.cpu_count() or 1))
+                self._refill(max(STANDBY, min(os.cpu_count() or 1, 4)))
             return
         from multiprocessing import forkserver
 
