@@ -40,6 +40,23 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+def describe(pids: list[int]) -> list[str]:
+    """Each process's PID, parent, state and command line, for a failure message."""
+    out = []
+    for pid in pids:
+        try:
+            status = dict(
+                line.split(":\t", 1)
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if ":\t" in line
+            )
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160]
+        except OSError:
+            continue
+        out.append(f"{pid} ppid={status.get('PPid')} {status.get('State')} {command.decode()}")
+    return out
+
+
 def torchrun_ranks_with(marker: str) -> list[int]:
     """Of :func:`processes_with`, the torchrun job's ranks."""
     found = []
@@ -136,8 +153,14 @@ def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(
     run.wait_for_torchrun()
     run.proc.send_signal(signum)
     started = time.monotonic()
+    # What is still running when the deadline passes, should the run be slow to stop.
+    late: list[str] = []
+    watcher = threading.Timer(2.5, lambda: late.extend(describe(processes_with(str(run.tmpdir)))))
+    watcher.start()
     assert run.finish(seconds=30) == code, "".join(run.stderr)
-    assert time.monotonic() - started < 2.5, "the run took too long to stop"
+    elapsed = time.monotonic() - started
+    watcher.cancel()
+    assert elapsed < 2.5, f"took {elapsed:.1f} s to stop; at 2.5 s: {late}; {run.stderr[-5:]}"
     assert run.stderr[-1].strip() == "dcp-invariant: interrupted: nothing written"
     assert "Traceback" not in "".join(run.stderr)
     assert not run.output.exists()
