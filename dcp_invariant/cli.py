@@ -297,6 +297,8 @@ def _run_and_write(
         )
         for reason in done.reasons:
             print(f"      - {reason}", file=sys.stderr)
+        for warning in done.warnings:
+            print(f"      warning: {warning}", file=sys.stderr)
         if done.logs:
             print(done.logs, file=sys.stderr)
 

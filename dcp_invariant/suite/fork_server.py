@@ -14,5 +14,8 @@ import os
 from dcp_invariant.suite import worker
 
 worker.die_with_parent()  # the runner's PID, from the environment the server was started with
+# Out of the terminal's process group before the long preload: multiprocessing ignores SIGINT in
+# the server only once its imports are done (multiprocessing/forkserver.py, ``main``).
+worker.leave_terminal_session()
 # Not for the workers it forks: their parent is this server.
 os.environ.pop(worker.PARENT_PID_ENV, None)

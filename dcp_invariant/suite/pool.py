@@ -20,12 +20,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dcp_invariant import canonical
-from dcp_invariant.suite import worker
+from dcp_invariant.suite import reaper, worker
 
 # What workers import, including what torch 2.13 imports lazily on a worker's first
 # optimizer step, DCP save and DTensor op (torch._dynamo alone is about 0.8 s). A module
@@ -59,6 +59,8 @@ class GroupOutcome:
     timed_out: bool
     results: list[dict[str, Any]]
     logs: list[Path]
+    # Programs the group's processes left running, killed when it ended (:func:`reap_group`).
+    stragglers: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -159,7 +161,8 @@ class WorkerPool:
         saved = {key: os.environ.get(key) for key in isolated}
         os.environ.update(isolated)
         try:
-            forkserver.ensure_running()
+            with worker.interrupts_held():
+                forkserver.ensure_running()
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -203,6 +206,7 @@ class WorkerPool:
             with self._lock:
                 self._live.difference_update(procs)
         self._refuse_if_cancelled()
+        stragglers = reap_group(workdir, group, {p.pid for p in procs})
         results = []
         for rank in range(world_size):
             path = workdir / worker.result_path(group, rank)
@@ -217,6 +221,7 @@ class WorkerPool:
             timed_out=timed_out,
             results=results,
             logs=[workdir / worker.log_path(group, r) for r in range(world_size)],
+            stragglers=stragglers,
         )
 
     def imported_versions(self) -> dict[str, str | None] | None:
@@ -259,7 +264,8 @@ class WorkerPool:
                 name="dcp-invariant-standby",
                 daemon=False,
             )
-            proc.start()
+            with worker.interrupts_held():
+                proc.start()
             job_reader.close()
             ready_writer.close()
             self._standby.append(_Standby(proc, job_writer, ready_reader))
@@ -339,6 +345,19 @@ class WorkerPool:
             stop = getattr(server, "_stop", None)
             if stop is not None:
                 stop()
+
+
+def reap_group(workdir: Path, group: str, sessions: set[int]) -> list[str]:
+    """Kill what a finished group left running; the programs' names, sorted, for a warning.
+
+    Its workers led ``sessions`` (:func:`worker.leave_terminal_session`) and put the group's
+    token in their environment, so whatever they started is found even in another session.
+    multiprocessing's own resource tracker is killed but not named: it leaves by itself once
+    its clients have.
+    """
+    mark = reaper.group_mark(os.path.realpath(workdir), group)
+    killed = reaper.kill_all(lambda: reaper.of_group(mark, sessions))
+    return sorted(s.name for s in killed if not s.helper)
 
 
 def kill_process_tree(proc: subprocess.Popen[bytes]) -> None:

@@ -9,19 +9,21 @@ through the suite.
 from __future__ import annotations
 
 import importlib.metadata
+import multiprocessing.util
 import re
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dcp_invariant import plan, runtimes
 from dcp_invariant.evidence import rules
-from dcp_invariant.suite.pool import StandbyFailed, WorkerPool
+from dcp_invariant.suite import reaper
+from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool
 from dcp_invariant.suite.scenarios import DRIVERS
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
@@ -40,6 +42,7 @@ class Finished:
     seconds: float
     reasons: list[str]
     logs: str
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -100,10 +103,12 @@ def run_suite(
     )
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
-    pool = WorkerPool(timeout)
-    try:
-        with Workspace() as workspace:
+    with reaper.Guardian() as guardian, Workspace() as workspace:
+        guardian.remove_if_killed(workspace)
+        pool = WorkerPool(timeout)
+        try:
             pool.start(workspace / "server")
+            guardian.remove_if_killed(Path(multiprocessing.util.get_temp_dir()))
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
             if run_plan.kind == "fixture":
@@ -123,16 +128,30 @@ def run_suite(
                 workdir.mkdir()
                 ctx = ScenarioContext(scenario, pool, workdir, fixture, run_plan, shared=shared)
                 obs = DRIVERS[scenario.family](ctx)
+                if pool.cancelled:
+                    raise Cancelled("the run is being interrupted")  # its outcome means nothing
                 _refuse_environment_failures(ctx)
                 elapsed = time.monotonic() - started
                 reasons = rules.derive(name, obs, run_plan)
                 tails = [t for t in (o.log_tail() for _, o in ctx.outcomes) if t]
                 logs = "" if not reasons else "\n".join([*ctx.notes, *tails])
+                warnings = [
+                    f"{group}: left {', '.join(o.stragglers)} running; killed when it ended"
+                    for group, o in ctx.outcomes
+                    if o.stragglers
+                ]
                 with lock:
                     observations[name] = obs
                     if on_finish is not None:
                         on_finish(
-                            Finished(name, "fail" if reasons else "pass", elapsed, reasons, logs)
+                            Finished(
+                                name,
+                                "fail" if reasons else "pass",
+                                elapsed,
+                                reasons,
+                                logs,
+                                warnings,
+                            )
                         )
 
             with ThreadPoolExecutor(
@@ -146,11 +165,20 @@ def run_suite(
                     pool.cancel()
                     executor.shutdown(wait=True, cancel_futures=True)
                     raise
-    except BaseException:
-        pool.cancel()
-        raise
-    finally:
-        pool.close()
+        except BaseException:
+            pool.cancel()
+            raise
+        finally:
+            # Before the workspace goes and the fork server's resource tracker is stopped (which
+            # waits for every process holding its pipe): whatever the run started, and whatever
+            # those started, ends here, interrupted or not.
+            try:
+                guardian.sweep()
+            except BaseException:
+                guardian.sweep()  # a signal cut the sweep short; the next one is ignored
+                raise
+            finally:
+                pool.close()
     return SuiteRun(
         observations={n: observations[n] for n in names},
         torch_distribution=distribution,

@@ -18,13 +18,14 @@ import socket
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
 from dcp_invariant import canonical
 from dcp_invariant.commit import durable
+from dcp_invariant.suite import reaper
 
 Report = Callable[[dict[str, Any]], None]
 Task = Callable[[int, int, dict[str, Any], Report], None]
@@ -132,9 +133,13 @@ def run(
     """
     die_with_parent()
     workdir = Path.cwd()
+    leave_terminal_session()
     os.environ.update(isolated_environment(workdir))
+    # What this worker starts carries its group's token, so the pool finds it when the group
+    # ends, whatever session it moved to (:mod:`.reaper`).
+    os.environ[reaper.GROUP_ENV] = reaper.group_mark(str(workdir), group)
     tempfile.tempdir = None
-    _redirect_output(log_path(group, rank))
+    _redirect_output(str(workdir / log_path(group, rank)))
 
     import torch
     import torch.distributed as dist
@@ -142,9 +147,10 @@ def run(
 
     torch.set_num_threads(1)
     fn = resolve(task)
-    report = reporter(result_path(group, rank))
+    # Absolute: a user's loop may change the working directory (os.chdir) under the task.
+    report = reporter(str(workdir / result_path(group, rank)))
     # A FileStore needs no port: only Gloo's own sockets listen, on loopback.
-    store = FileStore(f"pg/{group}", world_size)
+    store = FileStore(str(workdir / "pg" / group), world_size)
     dist.init_process_group(
         "gloo",
         store=store,
@@ -171,6 +177,7 @@ def standby(jobs: Any, ready: Any, parent: int, home: str, preload: list[str]) -
     nothing ran in it but imports. It takes one job and exits; it is never reused.
     """
     die_with_parent(parent)
+    leave_terminal_session()
     status = _SkipTeardown()
     os.environ.update(isolated_environment(Path(home)))
     tempfile.tempdir = None
@@ -267,8 +274,55 @@ def forked(
     timeout: float,
 ) -> None:
     """Target of a forked or spawned worker: move into the workspace, then :func:`run`."""
-    os.chdir(workdir)
+    try:
+        os.chdir(workdir)
+    except OSError:
+        # The run was interrupted between handing out this job and its start, and its
+        # workspace is gone: there is nothing to do and no one to tell.
+        exit_without_teardown(WORKSPACE_GONE_EXIT_CODE)
     run(task, rank, world_size, group, payload, timeout)
+
+
+# A worker whose workspace vanished before it started: the run is being torn down.
+WORKSPACE_GONE_EXIT_CODE = 75
+
+
+def leave_terminal_session() -> None:
+    """Lead a session of its own: a Ctrl-C at the terminal reaches the runner only (which stops
+    everything), not each worker with a KeyboardInterrupt; and what this worker starts stays in
+    its session, where the pool finds it when the group ends. A process that already leads one
+    (torchrun's ranks) keeps it.
+
+    The runner starts processes with SIGINT blocked (:func:`interrupts_held`), so a Ctrl-C that
+    came during this interpreter's start-up is pending: it is discarded here (setting SIG_IGN
+    discards a pending signal, POSIX sigaction), and SIGINT unblocked.
+    """
+    if hasattr(os, "setsid"):
+        with contextlib.suppress(PermissionError):
+            os.setsid()
+    if hasattr(signal, "pthread_sigmask") and signal.SIGINT in signal.pthread_sigmask(
+        signal.SIG_BLOCK, []
+    ):
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Start processes inside this block with SIGINT blocked (a signal mask survives fork and
+    exec): a Ctrl-C at the terminal reaches the whole foreground process group, and a child
+    still starting up, importing torch before it could leave that group, would print a
+    KeyboardInterrupt traceback to the user's terminal. Only this thread's mask changes; the
+    runner's main thread still takes the Ctrl-C."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    saved = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved)
 
 
 def _print_traceback(exc: BaseException) -> None:

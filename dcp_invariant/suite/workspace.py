@@ -78,6 +78,12 @@ class Workspace:
                     f"({error.strerror or error}); the next run removes it",
                     file=sys.stderr,
                 )
+            except BaseException:
+                # A signal arrived mid-removal (the CLI's handler raises once, then ignores
+                # further signals): finish the removal, then let the interrupt go on.
+                with contextlib.suppress(OSError):
+                    remove(self.path)
+                raise
 
 
 def check_free(directory: Path, what: str, needed: int = MIN_FREE_BYTES) -> None:

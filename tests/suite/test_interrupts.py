@@ -7,7 +7,9 @@ is found by it, whichever session it put itself in.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp_invariant.suite import pool, workspace
+from dcp_invariant.suite import pool
 
 pytestmark = pytest.mark.live
 
@@ -81,7 +83,9 @@ def wait_until(condition, seconds: float) -> bool:
 class Run:
     """The CLI in the background, its stderr collected as it comes."""
 
-    def __init__(self, tmp_path: Path, *args: str, start_method: str | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, *args: str, start_method: str | None = None, cwd: Path = TESTS
+    ) -> None:
         self.tmpdir = tmp_path / "private-tmp"
         self.tmpdir.mkdir(exist_ok=True)
         self.output = tmp_path / "out"
@@ -100,8 +104,11 @@ class Run:
                 REVISION,
                 *args,
             ],
-            cwd=TESTS,
+            cwd=cwd,
             env=env,
+            # A process group of its own, as a shell gives a job: a terminal's Ctrl-C reaches
+            # the whole group (os.killpg), not only the runner.
+            start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -119,8 +126,8 @@ class Run:
         assert wait_until(lambda: any(text in line for line in self.stderr), seconds), self.stderr
 
     def wait_for_torchrun(self, seconds: float = 120) -> None:
-        """Until the torchrun job's ranks run, and some scenario has finished."""
-        self.wait_for("pass ", seconds)
+        """Until the torchrun job's ranks run (its scenario may be the first to finish, so not
+        after any scenario has passed)."""
         assert wait_until(lambda: torchrun_ranks_with(str(self.tmpdir)), seconds), self.stderr
 
     def finish(self, seconds: float) -> int:
@@ -180,10 +187,9 @@ def test_after_sigkill_the_children_follow_and_the_next_run_sweeps_the_workspace
     assert wait_until(lambda: not processes_with(str(run.tmpdir)), 2.5), processes_with(
         str(run.tmpdir)
     )
-    stale = [p for p in run.tmpdir.iterdir() if p.name.startswith(workspace.PREFIX)]
-    assert stale, "a killed runner cannot clean up: its workspace must still be there"
-    assert workspace.sweep_stale(run.tmpdir) == stale
-    assert [p for p in run.tmpdir.iterdir() if p.name.startswith(workspace.PREFIX)] == []
+    # The runner ran no cleanup; its guardian removed the workspace and multiprocessing's
+    # directory once every process was gone.
+    assert wait_until(lambda: not list(run.tmpdir.iterdir()), 2.5), list(run.tmpdir.iterdir())
 
 
 @linux_only
@@ -241,3 +247,85 @@ def test_a_long_tmpdir_still_starts_the_fork_server(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert [p for p in deep.iterdir() if not p.name.startswith("pymp-")] == []
+
+
+# --- a fixture run, interrupted at seeded moments ----------------------------------------------
+
+# (start method, seconds a full run of the example takes here, moments per signal). The moments
+# spread over the whole run: the probe, the torchrun job, async_save's process mode and its
+# checkpoint processes, the last scenarios and the artifact's writing.
+PATHS = {"forkserver": (8.5, 5), "spawn": (28.0, 3)}
+SEED = 15
+EXAMPLE = [
+    "--fixture",
+    "mlp_fixture:fixture",
+    "--world-sizes",
+    "1,2",
+]
+
+
+def moments(start_method: str, signame: str) -> list[float]:
+    length, count = PATHS[start_method]
+    rng = random.Random(f"{SEED}-{start_method}-{signame}")
+    return sorted(round(rng.uniform(0.3, length), 2) for _ in range(count))
+
+
+def interrupt(run: Run, signame: str) -> None:
+    if signame == "SIGINT":
+        os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C at a terminal: the whole job
+    else:
+        run.proc.send_signal(getattr(signal, signame))  # a CI runner's cancel, or kill -9
+
+
+@linux_only
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("start_method", sorted(PATHS))
+def test_a_fixture_run_interrupted_at_any_moment_leaves_nothing(
+    tmp_path, start_method, signame
+) -> None:
+    """Each moment: exit 130/143 within 2 s with one line and no traceback, or after SIGKILL
+    every process gone within 2.5 s; no process, workspace, ``pymp-*`` or output left. Every
+    survivor is named with its command line."""
+    failures = []
+    interrupted = 0
+    for i, moment in enumerate(moments(start_method, signame)):
+        where = tmp_path / f"at-{i}"
+        where.mkdir()
+        run = Run(where, *EXAMPLE, start_method=start_method, cwd=TESTS.parent / "examples")
+        time.sleep(moment)
+        if run.proc.poll() is not None:  # the run ended before the signal: nothing to interrupt
+            run.finish(seconds=30)
+            continue
+        interrupt(run, signame)
+        interrupted += 1
+        started = time.monotonic()
+        code = run.finish(seconds=30)
+        elapsed = time.monotonic() - started
+        settle = 2.5 if signame == "SIGKILL" else 2.0
+        gone = wait_until(lambda r=run: not processes_with(str(r.tmpdir)), settle)
+        survivors = describe(processes_with(str(run.tmpdir)))
+        for pid in processes_with(str(run.tmpdir)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        emptied = wait_until(lambda r=run: not list(r.tmpdir.iterdir()), settle)
+        left = [] if emptied else sorted(p.name for p in run.tmpdir.iterdir())
+        text = "".join(run.stderr)
+        label = f"{start_method} {signame} at {moment} s"
+        if not gone:
+            failures.append(f"{label}: survivors {survivors}")
+        if left:
+            failures.append(f"{label}: left {left}")
+        if run.output.exists():
+            failures.append(f"{label}: the output directory was written")
+        if signame == "SIGKILL":
+            continue
+        expected = 128 + getattr(signal, signame)
+        if code != expected or elapsed >= 2.0:
+            failures.append(f"{label}: exit {code} after {elapsed:.2f} s, expected {expected}")
+        if "Traceback" in text or run.stderr[-1:] != [
+            "dcp-invariant: interrupted: nothing written\n"
+        ]:
+            failures.append(f"{label}: stderr ended {run.stderr[-3:]}")
+    assert not failures, "\n".join(failures)
+    # A run faster than planned ends before late moments; most must still have cut it short.
+    assert interrupted >= len(moments(start_method, signame)) - 1

@@ -18,14 +18,15 @@ from typing import Any
 import dcp_invariant
 from dcp_invariant import canonical, plan
 from dcp_invariant.commit import ReceiptMismatch, StoreError
-from dcp_invariant.suite import worker
-from dcp_invariant.suite.pool import WorkerPool, kill_process_tree
+from dcp_invariant.suite import reaper, worker
+from dcp_invariant.suite.pool import WorkerPool, kill_process_tree, reap_group
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.torchrun import guard
 from dcp_invariant.suite.torchrun.elastic_rank import MARKER_FILE
 
 ATTESTATION_FILE = "guard.json"
 LOG_FILE = "logs/torchrun.log"
+TORCHRUN_GROUP = "torchrun"
 # torchrun answers SIGTERM by stopping its workers, which run in sessions of their own (torch
 # 2.13 starts them with start_new_session): the agent is asked first, then killed.
 STOP_GRACE_SECONDS = 15.0
@@ -114,6 +115,9 @@ def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool]
     env.update(worker.isolated_environment(workdir))
     env[guard.ATTESTATION_ENV] = ATTESTATION_FILE
     env[worker.PARENT_PID_ENV] = str(os.getpid())
+    # torch's agent starts each rank in a session of its own; the token finds them, and what
+    # they start, when the job ends (:mod:`dcp_invariant.suite.reaper`).
+    env[reaper.GROUP_ENV] = reaper.group_mark(os.path.realpath(workdir), TORCHRUN_GROUP)
     # Workers are fresh interpreters: give them this very package and, as multiprocessing does
     # for its spawned children, the runner's import path, where the fixture module was found.
     package_parent = str(Path(dcp_invariant.__file__).resolve().parent.parent)
@@ -138,6 +142,7 @@ def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool]
         finally:
             # The agent reaps its workers; this catches any it could not, so none outlive it.
             kill_process_tree(proc)
+            reap_group(workdir, TORCHRUN_GROUP, {proc.pid})
             pool.untrack(proc)
         return code, False
 

@@ -1,0 +1,230 @@
+"""Every process a run starts ends with it: workers, what torch starts for them, what a loop leaves.
+
+The pool kills the processes it started, but not what those start in turn: ``async_save``'s
+process mode spawns a checkpoint process per rank (``mp.get_context("spawn")`` in
+``torch/distributed/checkpoint/_async_process_executor.py``), torch's elastic agent starts its
+ranks in sessions of their own (``start_new_session=True`` in
+``torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py``), and a
+user's loop may start anything. ``PR_SET_PDEATHSIG`` reaches none of them: it is set per process
+and cleared across ``fork``.
+
+Two marks find them on Linux, whatever session they moved to:
+
+- the run's token, in the environment of every process the run starts (an environment is
+  inherited across ``fork`` and ``exec`` alike, and ``/proc/<pid>/environ`` shows the one a
+  process was started with);
+- a group's token, which each worker puts in its own environment, and the session each worker
+  leads, which catches a child forked without ``exec``.
+
+A guardian process, started first and in a session of its own, holds a pipe from the runner;
+when the pipe ends (the runner finished, or was killed with SIGKILL and ran no cleanup at all),
+it kills every process that carries the run's token. Elsewhere there is no ``/proc``: there the
+pool kills its workers and ``taskkill /T`` the torchrun tree, and what they started may outlive
+a killed worker (the README says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_ENV = "DCP_INVARIANT_RUN"
+GROUP_ENV = "DCP_INVARIANT_GROUP"
+PROC = Path("/proc")
+# How long a sweep keeps killing: a process may fork while it is being killed.
+SWEEP_SECONDS = 2.0
+# multiprocessing starts its resource tracker by itself, and it leaves when its last client does
+# (multiprocessing/resource_tracker.py): killed with the rest, never named as a loop's child.
+_OWN_HELPERS = (b"multiprocessing.resource_tracker",)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A process found still running; ``name`` is its program, without PID, path or arguments."""
+
+    pid: int
+    name: str
+    helper: bool  # multiprocessing's own resource tracker
+
+
+def supported() -> bool:
+    return sys.platform == "linux" and PROC.is_dir()
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+def group_mark(workdir: str, group: str) -> str:
+    """A worker group's token: its workspace and name, unique within a run."""
+    return f"{workdir}::{group}"
+
+
+def _environ_has(pid: int, variable: str, value: str) -> bool:
+    try:
+        environ = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return False
+    return os.fsencode(f"{variable}={value}") in environ.split(b"\0")
+
+
+def _session(pid: int) -> int | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[3]) if len(fields) > 3 else None
+
+
+def _pids() -> list[int]:
+    me = os.getpid()
+    return [int(e.name) for e in PROC.iterdir() if e.name.isdigit() and int(e.name) != me]
+
+
+def carrying(variable: str, value: str) -> list[int]:
+    """Processes whose starting environment holds ``variable=value``."""
+    if not supported():
+        return []
+    return [pid for pid in _pids() if _environ_has(pid, variable, value)]
+
+
+def of_group(mark: str, sessions: set[int]) -> list[int]:
+    """A finished group's processes: its token in their environment, or one of its sessions."""
+    if not supported():
+        return []
+    return [
+        pid for pid in _pids() if _session(pid) in sessions or _environ_has(pid, GROUP_ENV, mark)
+    ]
+
+
+def describe(pid: int) -> Straggler | None:
+    try:
+        command = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+    program = command.split(b"\0", 1)[0]
+    name = os.path.basename(os.fsdecode(program)) or "?"
+    return Straggler(pid, name, any(h in command for h in _OWN_HELPERS))
+
+
+def kill_all(find: Callable[[], list[int]], seconds: float = SWEEP_SECONDS) -> list[Straggler]:
+    """SIGKILL what ``find`` returns until it returns nothing (or ``seconds`` pass).
+
+    Returns each process killed, described before the kill. A zombie whose parent is gone is
+    reaped by init; one whose parent is this process is reaped here.
+    """
+    killed: dict[int, Straggler] = {}
+    deadline = time.monotonic() + seconds
+    while True:
+        found = [pid for pid in find() if not _zombie(pid)]
+        if not found or time.monotonic() > deadline:
+            return list(killed.values())
+        for pid in found:
+            if pid not in killed:
+                described = describe(pid)
+                if described is not None:
+                    killed[pid] = described
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = (PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return True  # gone
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
+class Guardian:
+    """The run's token in this process's environment, and a process that kills its carriers.
+
+    ``with Guardian():`` sets ``$DCP_INVARIANT_RUN`` for everything started inside; leaving it
+    (or this process dying) ends the guardian's pipe, and the guardian kills every process still
+    carrying the token. :meth:`sweep` does the same at once, from this process.
+    """
+
+    def __init__(self) -> None:
+        self.token = new_token()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._saved: str | None = None
+
+    def __enter__(self) -> Guardian:
+        if supported():
+            env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, self.token],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                # Its own session: a Ctrl-C at the terminal must not end it before the run ends.
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._saved = os.environ.get(RUN_ENV)
+        os.environ[RUN_ENV] = self.token
+        return self
+
+    def remove_if_killed(self, path: Path) -> None:
+        """Have the guardian remove ``path`` should this process die without ending the run
+        (SIGKILL): the run's workspace, multiprocessing's ``pymp-*`` directory."""
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(OSError):  # the guardian is gone: the sweep still runs
+                self._proc.stdin.write(os.fsencode(path) + b"\n")
+                self._proc.stdin.flush()
+
+    def sweep(self) -> list[Straggler]:
+        return kill_all(lambda: carrying(RUN_ENV, self.token))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is None:
+            os.environ.pop(RUN_ENV, None)
+        else:
+            os.environ[RUN_ENV] = self._saved
+        if self._proc is None:
+            return
+        assert self._proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self._proc.stdin.write(_DONE)
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=SWEEP_SECONDS + 1)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+
+
+_DONE = b"\0done\n"  # a path holds no NUL: this line cannot be one
+
+
+def _guard(token: str) -> None:
+    """The guardian: wait for the runner's pipe to end, then kill what carries its token; if
+    the runner died before saying it was done, remove what it could not."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lines: list[bytes] = []
+    with contextlib.suppress(OSError):
+        lines = sys.stdin.buffer.read().splitlines(keepends=True)
+    kill_all(lambda: carrying(RUN_ENV, token))
+    if _DONE in lines:
+        return
+    from dcp_invariant.suite.workspace import remove
+
+    for line in lines:
+        with contextlib.suppress(OSError):
+            remove(Path(os.fsdecode(line.rstrip(b"\n"))))
+
+
+if __name__ == "__main__":
+    _guard(sys.argv[1])
