@@ -207,6 +207,11 @@ class WorkerPool:
                 self._live.difference_update(procs)
         self._refuse_if_cancelled()
         stragglers = reap_group(workdir, group, {p.pid for p in procs})
+        for rank in range(world_size):
+            left = workdir / worker.stragglers_path(group, rank)
+            if left.exists():
+                stragglers += left.read_text(errors="replace").split()
+        stragglers.sort()
         results = []
         for rank in range(world_size):
             path = workdir / worker.result_path(group, rank)

@@ -107,6 +107,44 @@ def of_group(mark: str, sessions: set[int]) -> list[int]:
     ]
 
 
+def become_subreaper() -> None:
+    """Orphaned descendants of this process are re-parented to it, not to init (Linux
+    ``PR_SET_CHILD_SUBREAPER``): a double-forked daemon stays findable by its parent."""
+    if not supported():
+        return
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def reap_children(exclude: set[int]) -> list[str]:
+    """Kill and reap this process's children but ``exclude`` (those multiprocessing itself ends
+    at exit, as torch's checkpoint process and DataLoader workers); their programs' names,
+    sorted, multiprocessing's resource tracker left unnamed."""
+    me = os.getpid()
+    killed = kill_all(lambda: [p for p in carrying_parent(me) if p not in exclude])
+    for straggler in killed:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(straggler.pid, 0)
+    return sorted(s.name for s in killed if not s.helper)
+
+
+def carrying_parent(parent: int) -> list[int]:
+    if not supported():
+        return []
+    return [pid for pid in _pids() if _parent(pid) == parent]
+
+
 def describe(pid: int) -> Straggler | None:
     try:
         command = (PROC / str(pid) / "cmdline").read_bytes()

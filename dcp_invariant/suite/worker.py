@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import gc
 import importlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -33,6 +34,11 @@ Task = Callable[[int, int, dict[str, Any], Report], None]
 
 def result_path(group: str, rank: int) -> str:
     return f"results/{group}-rank{rank}.json"
+
+
+def stragglers_path(group: str, rank: int) -> str:
+    """Programs a rank's loop left running, one a line, killed when its task ended."""
+    return f"results/{group}-rank{rank}.left"
 
 
 def log_path(group: str, rank: int) -> str:
@@ -134,6 +140,9 @@ def run(
     die_with_parent()
     workdir = Path.cwd()
     leave_terminal_session()
+    # What this worker's loop starts and abandons (a double fork, a detached daemon) is handed
+    # to it instead of to init, so it is found and killed when the task ends.
+    reaper.become_subreaper()
     os.environ.update(isolated_environment(workdir))
     # What this worker starts carries its group's token, so the pool finds it when the group
     # ends, whatever session it moved to (:mod:`.reaper`).
@@ -167,6 +176,11 @@ def run(
         sys.exit(1)
     finally:
         dist.destroy_process_group()
+        left = reaper.reap_children(
+            exclude={c.pid for c in multiprocessing.active_children() if c.pid is not None}
+        )
+        if left:
+            (workdir / stragglers_path(group, rank)).write_text("\n".join(left) + "\n")
 
 
 def standby(jobs: Any, ready: Any, parent: int, home: str, preload: list[str]) -> None:
