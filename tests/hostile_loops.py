@@ -1,0 +1,75 @@
+"""Loops that do what a user's code may do behind the tool's back: leave processes running,
+change the working directory. Each is the example's correct loop otherwise, so any failure is
+the tool's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+from mlp_fixture import App
+
+# Far longer than any test waits: a run that waited for these would time the test out.
+SLEEP = "600"
+
+
+class LeavesADaemon(App):  # type: ignore[misc]
+    """Starts a detached process in a session of its own at its second step, and forgets it."""
+
+    def step(self) -> Any:
+        loss = super().step()
+        if self.cursor == 2:
+            subprocess.Popen(
+                ["sleep", SLEEP],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        return loss
+
+
+class DoubleForks(App):  # type: ignore[misc]
+    """Daemonizes a forked copy of itself the classic way: fork, setsid, fork, parent exits."""
+
+    def step(self) -> Any:
+        loss = super().step()
+        if self.cursor == 2 and os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", SLEEP])
+            os._exit(0)
+        return loss
+
+
+class ChangesDirectory(App):  # type: ignore[misc]
+    """Moves into ``$HOSTILE_CHDIR`` in its constructor and at every step."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        os.chdir(os.environ["HOSTILE_CHDIR"])
+        super().__init__(rank, world_size)
+
+    def step(self) -> Any:
+        os.chdir(os.environ["HOSTILE_CHDIR"])
+        return super().step()
+
+    def state_dict(self) -> Any:
+        os.chdir(os.environ["HOSTILE_CHDIR"])
+        return super().state_dict()
+
+
+def leaves_a_daemon(rank: int, world_size: int) -> App:
+    return LeavesADaemon(rank, world_size)
+
+
+def double_forks(rank: int, world_size: int) -> App:
+    return DoubleForks(rank, world_size)
+
+
+def changes_directory(rank: int, world_size: int) -> App:
+    return ChangesDirectory(rank, world_size)

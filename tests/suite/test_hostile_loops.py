@@ -1,0 +1,120 @@
+"""A loop that leaves processes behind or changes directory: the run ends on time, kills and
+names what was left, and keeps its files where they belong."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcp_invariant.suite import reaper
+
+pytestmark = pytest.mark.live
+
+TESTS = Path(__file__).resolve().parent.parent
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+linux_only = pytest.mark.skipif(not reaper.supported(), reason="reads /proc")
+
+
+def run(tmp_path: Path, fixture: str, **env: str) -> subprocess.CompletedProcess[str]:
+    private = tmp_path / "tmp"
+    private.mkdir()
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dcp_invariant",
+            "run",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--source-revision",
+            REVISION,
+            "--fixture",
+            f"hostile_loops:{fixture}",
+            "--world-sizes",
+            "1",
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        # The children sleep 600 s: a run that waited for them would not end in time.
+        timeout=240,
+        cwd=TESTS,
+        env={**os.environ, "TMPDIR": str(private), **env},
+        check=False,
+    )
+
+
+def carrying(marker: str) -> list[int]:
+    return [
+        int(e.name)
+        for e in Path("/proc").iterdir()
+        if e.name.isdigit() and marker.encode() in _environ(e)
+    ]
+
+
+def _environ(entry: Path) -> bytes:
+    try:
+        return (entry / "environ").read_bytes()
+    except OSError:
+        return b""
+
+
+@linux_only
+@pytest.mark.parametrize("fixture", ["leaves_a_daemon", "double_forks"])
+def test_a_child_left_behind_is_killed_with_its_group_and_named(tmp_path, fixture) -> None:
+    proc = run(tmp_path, fixture)
+    assert proc.returncode == 0, proc.stderr  # a leftover is a warning, not a failed resume
+    # Every group that reached the second step left one; each is named once it ended.
+    warnings = re.findall(
+        r"^\s+warning: (\w+): left (\w+) running; killed when it ended$", proc.stderr, re.M
+    )
+    assert ("reference", "sleep") in warnings, proc.stderr
+    assert ("repeat", "sleep") in warnings, proc.stderr
+    assert carrying(str(tmp_path)) == []
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_example_leaves_nothing_to_warn_about(tmp_path) -> None:
+    """No false warning: DataLoader-style and checkpoint processes multiprocessing ends itself
+    (async_save's process mode) are not a loop's leftovers."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dcp_invariant",
+            "run",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--source-revision",
+            REVISION,
+            "--fixture",
+            "mlp_fixture:fixture",
+            "--world-sizes",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=TESTS.parent / "examples",
+        env={**os.environ, "TMPDIR": str(private)},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
+
+
+def test_a_loop_that_changes_directory_still_resumes_and_writes_nothing_there(tmp_path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run(tmp_path, "changes_directory", HOSTILE_CHDIR=str(elsewhere))
+    assert proc.returncode == 0, proc.stderr
+    assert list(elsewhere.iterdir()) == []
+    assert list((tmp_path / "tmp").iterdir()) == []
