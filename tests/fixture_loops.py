@@ -1,5 +1,6 @@
 """Training loops for the live tests: one correct loop, one buggy variant per resume bug, a
-non-deterministic loop, a correct FSDP2 loop and fixtures that fail in other ways.
+non-deterministic loop, a correct FSDP2 loop, a loop with a 1 GiB buffer, and fixtures that
+fail in other ways.
 
 Workers import this module by name (``fixture_loops:NAME``); every entry point is a plain
 ``(rank, world_size) -> app`` function, called after the Gloo process group is initialised.
@@ -251,6 +252,114 @@ class Fsdp2(Correct):
         pass
 
 
+# -- a large state -------------------------------------------------------------------------------
+
+BIG_ELEMENTS = 1 << 28  # float32: 1 GiB
+
+
+class BigBuffer(Correct):
+    """Correct, plus a 1 GiB float32 buffer in state_dict() of which each step changes one
+    element: what the tool costs should follow the state's size, not grow with it per phase."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.big = torch.zeros(BIG_ELEMENTS)
+        self.big_steps = 0
+
+    def loop_state(self) -> dict[str, Any]:
+        return {**super().loop_state(), "big": self.big, "big_steps": self.big_steps}
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        super().load_loop_state(state_dict)
+        self.big.copy_(state_dict["big"])  # DCP loads in place; a copy keeps it that way
+        self.big_steps = state_dict["big_steps"]
+
+    def step(self) -> float:
+        loss = super().step()
+        self.big_steps += 1
+        self.big[(self.big_steps * 7919) % BIG_ELEMENTS] += loss
+        return loss
+
+
+# -- state DCP cannot save, and state it can that plain CPU tensors do not cover ----------------
+
+
+class _ExtraState(Correct):
+    """Correct, plus one extra tensor under ``app.extra.value`` (made by :meth:`extra`)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.value = self.extra()
+
+    def extra(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loop_state(self) -> dict[str, Any]:
+        return {**super().loop_state(), "extra": {"value": self.value}}
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        super().load_loop_state(state_dict)
+        self.value = state_dict["extra"]["value"]
+
+
+class SparseState(_ExtraState):
+    """A sparse COO tensor in state_dict(): DCP's writer cannot read its storage."""
+
+    def extra(self) -> torch.Tensor:
+        return torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.ones(2), (2, 2))
+
+
+class MetaState(_ExtraState):
+    """A tensor on the meta device (never materialised): it has no data to save."""
+
+    def extra(self) -> torch.Tensor:
+        return torch.empty(4, 4, device="meta")
+
+
+class NestedState(_ExtraState):
+    """A nested (jagged) tensor: DCP cannot plan its write."""
+
+    def extra(self) -> torch.Tensor:
+        return torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)], layout=torch.jagged)
+
+
+class ExpandedState(_ExtraState):
+    """An expanded tensor (stride 0): DCP saves it, but cannot load into it."""
+
+    def extra(self) -> torch.Tensor:
+        return torch.ones(1).expand(3)
+
+
+class QuantizedState(_ExtraState):
+    """A quantized tensor, which DCP saves and loads (its integer values, into a destination
+    that keeps its own scale), plus a non-contiguous view."""
+
+    def extra(self) -> torch.Tensor:
+        return torch.quantize_per_tensor(torch.linspace(-1, 1, 8), 0.01, 3, torch.qint8)
+
+    def loop_state(self) -> dict[str, Any]:
+        state = super().loop_state()
+        state["extra"]["view"] = self.inputs[:4].t()
+        return state
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        extra = {"value": state_dict["extra"]["value"]}
+        super().load_loop_state({**state_dict, "extra": extra})
+
+
+class QuantizedScaleChanges(QuantizedState):
+    """Requantizes its tensor at a new scale every step. DCP saves the integer values only and
+    loads them into the fresh app's tensor, which keeps its own scale (torch/distributed/
+    checkpoint/filesystem.py, read_data: target_tensor.copy_): the loaded tensor holds the
+    saved integers at the initial scale."""
+
+    def step(self) -> float:
+        loss = super().step()
+        scale = self.value.q_scale() * 2
+        self.value = torch.quantize_per_tensor(self.value.dequantize(), scale, 3, torch.qint8)
+        return loss
+
+
 # -- fixtures that fail in other ways --------------------------------------------------------------
 
 
@@ -288,6 +397,26 @@ class BadLoss(Correct):
     def step(self) -> float:
         super().step()
         return math.nan
+
+
+class NanAtStep(Correct):
+    """Returns a NaN loss from its fifth step on (the first is finite, so the probe passes)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.steps = 0
+
+    def loop_state(self) -> dict[str, Any]:
+        return {**super().loop_state(), "steps": self.steps}
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        super().load_loop_state(state_dict)
+        self.steps = state_dict["steps"]
+
+    def step(self) -> float:
+        self.steps += 1
+        loss = super().step()
+        return math.nan if self.steps >= 5 else loss
 
 
 class NoStep:
@@ -380,3 +509,35 @@ def no_step(rank: int, world_size: int) -> NoStep:
 
 def not_a_mapping(rank: int, world_size: int) -> NotAMapping:
     return NotAMapping(rank, world_size)
+
+
+def big_buffer(rank: int, world_size: int) -> Correct:
+    return BigBuffer(rank, world_size)
+
+
+def nan_at_step_5(rank: int, world_size: int) -> Correct:
+    return NanAtStep(rank, world_size)
+
+
+def sparse_state(rank: int, world_size: int) -> Correct:
+    return SparseState(rank, world_size)
+
+
+def meta_state(rank: int, world_size: int) -> Correct:
+    return MetaState(rank, world_size)
+
+
+def nested_state(rank: int, world_size: int) -> Correct:
+    return NestedState(rank, world_size)
+
+
+def expanded_state(rank: int, world_size: int) -> Correct:
+    return ExpandedState(rank, world_size)
+
+
+def quantized_state(rank: int, world_size: int) -> Correct:
+    return QuantizedState(rank, world_size)
+
+
+def quantized_scale_changes(rank: int, world_size: int) -> Correct:
+    return QuantizedScaleChanges(rank, world_size)

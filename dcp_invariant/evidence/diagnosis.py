@@ -5,7 +5,8 @@ the same sentences without torch. The causes, in the order they are reported:
 
 1. state that did not round-trip through DCP (loaded != saved);
 2. loaded == saved, but a resumed step differs: state that lives outside ``state_dict()``;
-3. the fixture does not repeat itself: two uninterrupted runs differ, so nothing is blamed.
+3. the fixture does not repeat itself: two uninterrupted runs differ, so nothing is blamed;
+4. a step returned a NaN or infinite loss: the loop diverged, and nothing after it compares.
 
 The max absolute differences come from the workers (they need the values); the verifier checks
 that they name only keys whose digests differ, and treats the numbers as free.
@@ -24,6 +25,7 @@ MAX_KEYS_NAMED = 8
 CAUSE_1 = "did not round-trip through DCP"
 CAUSE_2 = "state outside state_dict()"
 CAUSE_3 = "non-deterministic fixture"
+CAUSE_4 = "non-finite loss"
 SUSPECTS = (
     "check what steers the next step and is not saved: generators and the global RNG, the "
     "data position and shuffle order, the LR scheduler, step and accumulation counters"
@@ -208,3 +210,12 @@ def changed_during_save(
         "read tensors the training loop went on changing (a state_dict() that returns live "
         "references, or a stager that copies late); the next step had started before the write"
     ]
+
+
+def non_finite_loss(where: str, step: int, loss: str) -> str:
+    """Cause 4: the loop itself diverged at ``step`` (its loss as recorded: nan, inf, -inf)."""
+    return (
+        f"{CAUSE_4}: {where}: step {step} returned {loss}, so nothing after it can be compared; "
+        "find what overflows or divides by zero (the learning rate, the data, a loss scale), "
+        "or check fewer steps (--steps-before, --steps-after)"
+    )

@@ -325,8 +325,15 @@ def _fixture_arm(
     group: Obs, world_size: int, steps_before: int, steps_after: int, where: str
 ) -> list[str]:
     """An arm that trained N steps, saved, and took K more, complete on every rank."""
-    reasons = _group(group, world_size, where)
+    diverged = []
     for rank in group["ranks"]:
+        found = _non_finite_loss(rank, steps_before)
+        if found is not None:
+            diverged.append(diagnosis.non_finite_loss(f"{where} rank {rank['rank']}", *found))
+    reasons = diverged + _group(group, world_size, where)
+    for rank in group["ranks"]:
+        if _stopped_at_non_finite_loss(rank):
+            continue  # it stopped there, as it must: already the first reason
         if (
             len(rank["losses_before"]) != steps_before
             or rank["saved"] is None
@@ -337,6 +344,30 @@ def _fixture_arm(
                 f"and take {steps_after} more"
             )
     return reasons
+
+
+def _non_finite_loss(rank: Obs, steps_before: int) -> tuple[int, str] | None:
+    """The first step whose recorded loss is NaN or infinite, and that loss, if any.
+
+    A rank records such a loss and stops (dcp_invariant/suite/scenarios/fixture_tasks.py): the
+    steps before the save are numbered from 1, those after it from N+1.
+    """
+    losses = list(enumerate(rank.get("losses_before", []), start=1))
+    losses += [(steps_before + i, s["loss"]) for i, s in enumerate(rank["steps"], start=1)]
+    for step, loss in losses:
+        if loss in _NON_FINITE:
+            return step, loss
+    return None
+
+
+# float.hex() of the values that are not finite; the shape check admits no other spelling.
+_NON_FINITE = ("nan", "inf", "-inf")
+
+
+def _stopped_at_non_finite_loss(rank: Obs) -> bool:
+    if not isinstance(rank.get("steps"), list):
+        return False  # a registered scenario's record: it has no per-step losses
+    return _non_finite_loss(rank, 0) is not None
 
 
 def _saved_by_rank(group: Obs) -> dict[int, dict[str, str]]:
@@ -465,7 +496,10 @@ def _reshard(scenario: plan.Scenario, obs: Obs) -> list[str]:
             rank["diffs"],
         )
         hints += [h for h in diagnosis.round_trip_hints(expected, rank["loaded"]) if h not in hints]
-        if len(rank["steps"]) != obs["steps_after"]:
+        found = _non_finite_loss(rank, n)
+        if found is not None:
+            reasons.append(diagnosis.non_finite_loss(where, *found))
+        elif len(rank["steps"]) != obs["steps_after"]:
             reasons.append(
                 f"{where}: took {len(rank['steps'])} steps, the plan has {obs['steps_after']}"
             )
@@ -654,7 +688,16 @@ def _group(group: Obs, world_size: int, where: str) -> list[str]:
     codes = group["exit_codes"]
     if len(codes) != world_size:
         reasons.append(f"{where}: {len(codes)} exit codes for {world_size} ranks")
-    reasons += [f"{where} rank {r}: exited with code {c}" for r, c in enumerate(codes) if c != 0]
+    # A fixture rank that recorded a non-finite loss stops there with exit code 1; the loss,
+    # not the code, is the reason (reported by the family's rule).
+    stopped = {
+        r["rank"] for r in group["ranks"] if isinstance(r, dict) and _stopped_at_non_finite_loss(r)
+    }
+    reasons += [
+        f"{where} rank {r}: exited with code {c}"
+        for r, c in enumerate(codes)
+        if c != 0 and not (c == 1 and r in stopped)
+    ]
     return reasons + _rank_set(group["ranks"], world_size, where)
 
 

@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a fixture with a ~100 ms step: the tool's overhead over its own steps ('' skips)",
     )
     parser.add_argument(
+        "--big-fixture",
+        default="tests.fixture_loops:big_buffer",
+        help="a fixture whose state holds a 1 GiB tensor, run at world size 1 ('' skips)",
+    )
+    parser.add_argument(
         "--no-spawn",
         dest="spawn",
         action="store_false",
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         ok &= _fixture_run(args.fixture, import_seconds, total)
     if args.slow_fixture:
         ok &= _overhead(args.slow_fixture)
+    if args.big_fixture:
+        ok &= _big_fixture(args.big_fixture, import_seconds)
     if args.seal_gib > 0:
         _seal_benchmark(args.seal_gib)
     return 0 if ok else 1
@@ -136,6 +143,23 @@ def _overhead(fixture: str) -> bool:
     print(f"\n{fixture}: its own {steps} steps {own:.2f} s ({own / steps * 1000:.0f} ms a step)")
     print(f"fixture run at world size 1: {total:.2f} s ({'pass' if ok else 'FAIL'})")
     print(f"tool overhead: {total - own:.2f} s, {total / own:.1f}x the fixture's own steps")
+    return ok
+
+
+def _big_fixture(fixture: str, import_seconds: float) -> bool:
+    """A world-size-1 fixture run whose state is dominated by one 1 GiB tensor (issue #15).
+
+    Its cost is hashing, snapshots and DCP's own writes, each once per phase. On a 2-core
+    machine it took 252 s while every phase cloned and torch.saved its snapshot (the CRC-32 and
+    the clone cost more than the write), every digest copied the bytes first, every comparison
+    hashed both sides again and the repeat arm wrote snapshots no one reads; 80-82 s after.
+    """
+    total, per_scenario, _, ok = _suite(["--fixture", fixture, "--world-sizes", "1"])
+    print(f"\nfixture run of {fixture} (world size 1, N=3, K=3):")
+    for name, seconds in per_scenario.items():
+        print(f"{name:<26}{seconds:>8.2f}")
+    print(f"1 GiB fixture run total: {total:.2f} s ({'pass' if ok else 'FAIL'})")
+    print(f"1 GiB fixture run / import torch: {total / import_seconds:.1f} units")
     return ok
 
 

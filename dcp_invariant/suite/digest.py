@@ -39,10 +39,18 @@ def _feed(h: Any, value: Any) -> None:
         if hasattr(tensor, "full_tensor") and hasattr(tensor, "placements"):
             # A DTensor digests as its global value, so shards at any world size compare equal.
             tensor = tensor.full_tensor()
-        tensor = tensor.cpu().contiguous()
-        header = f"tensor:{tensor.dtype}:{list(tensor.shape)}:".encode()
-        h.update(header)
-        h.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+        tensor = tensor.cpu().resolve_conj().resolve_neg().contiguous()
+        header = f"tensor:{tensor.dtype}:{list(tensor.shape)}:"
+        if tensor.is_quantized:
+            # DCP saves a quantized tensor's integers only and loads them into the destination,
+            # which keeps its own scale (torch/distributed/checkpoint/filesystem.py, read_data:
+            # target_tensor.copy_): the scale is part of the value, so it is hashed too.
+            header += _quantization(tensor)
+            tensor = tensor.int_repr()
+        h.update(header.encode())
+        # The tensor's own bytes, not a copy: hashlib reads any C-contiguous buffer, and at
+        # 1 GiB a copy (``.numpy().tobytes()``) costs more than the hash.
+        h.update(tensor.view(-1).view(torch.uint8).numpy())
     elif isinstance(value, Mapping):
         h.update(f"map:{len(value)}:".encode())
         for key in sorted(value, key=repr):
@@ -67,3 +75,15 @@ def _feed(h: Any, value: Any) -> None:
             f"a {type(value).__name__}, which DCP cannot be checked on: use tensors, numbers, "
             "strings, bytes, lists or dicts"
         )
+
+
+def _quantization(tensor: torch.Tensor) -> str:
+    scheme = tensor.qscheme()
+    if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        return f"q:{scheme}:{float(tensor.q_scale()).hex()}:{int(tensor.q_zero_point())}:"
+    scales = tensor.q_per_channel_scales().double().tolist()
+    points = tensor.q_per_channel_zero_points().tolist()
+    return (
+        f"q:{scheme}:{tensor.q_per_channel_axis()}:"
+        f"{[float(x).hex() for x in scales]}:{[int(x) for x in points]}:"
+    )

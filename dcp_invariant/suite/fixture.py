@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import sysconfig
+import traceback
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -38,8 +42,21 @@ def load_fixture(spec: str) -> Fixture:
         raise FixtureError(f"fixture {spec!r}: expected 'package.module:callable'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise FixtureError(f"fixture {spec!r}: cannot import {module_name!r} ({exc})") from exc
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not _names_the_module(exc.name, module_name):
+            raise FixtureError(_import_failure(spec, module_name, exc)) from None
+        raise FixtureError(f"fixture {spec!r}: cannot import {module_name!r} ({exc})") from None
+    except SyntaxError as exc:  # and IndentationError, TabError: the module cannot even compile
+        where = f"{exc.filename}:{exc.lineno}: " if exc.filename else ""
+        raise FixtureError(
+            f"fixture {spec!r}: importing {module_name!r} failed: {where}"
+            f"{type(exc).__name__}: {exc.msg}; fix the module so that 'import {module_name}' "
+            "succeeds"
+        ) from None
+    except Exception as exc:
+        # Whatever the module's own code raises while it is imported: the interface check cannot
+        # even start, so this is bad input, shown as one line at the frame that raised.
+        raise FixtureError(_import_failure(spec, module_name, exc)) from None
     target: Any = module
     for part in attr.split("."):
         try:
@@ -52,6 +69,42 @@ def load_fixture(spec: str) -> Fixture:
         raise FixtureError(f"fixture {spec!r}: {attr!r} is not callable")
     fixture: Fixture = target
     return fixture
+
+
+def _names_the_module(missing: str, module_name: str) -> bool:
+    """Whether the missing module is the fixture's own (or a package on its dotted path)."""
+    return missing == module_name or module_name.startswith(missing + ".")
+
+
+def _import_failure(spec: str, module_name: str, exc: BaseException) -> str:
+    frame = _raising_frame(exc)
+    where = f"{frame.filename}:{frame.lineno}: " if frame is not None else ""
+    message = str(exc).strip().splitlines()
+    detail = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+    fix = f"fix the module so that 'import {module_name}' succeeds"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        fix = f"install {exc.name.partition('.')[0]} for this Python, or {fix}"
+    return f"fixture {spec!r}: importing {module_name!r} failed: {where}{detail}; {fix}"
+
+
+def _raising_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The frame to show for an exception raised while importing the fixture's module.
+
+    The deepest frame in the user's own files: not importlib's (frozen), not the standard
+    library's or an installed package's, not this tool's. Else the deepest real file's.
+    """
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    installed = {
+        str(Path(p).resolve())
+        for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "purelib", "platlib"))
+        if p
+    }
+    installed.add(str(Path(__file__).resolve().parent.parent))
+    for frame in reversed(frames):
+        path = str(Path(frame.filename).resolve())
+        if not any(path.startswith(root + os.sep) for root in installed):
+            return frame
+    return frames[-1] if frames else None
 
 
 def build_app(spec: str, rank: int, world_size: int) -> App:
@@ -80,13 +133,23 @@ def checked_state(spec: str, state: Any) -> Mapping[str, Any]:
 
 
 def checked_loss(spec: str, loss: Any) -> float:
-    """``step()``'s loss as a float; a tensor of one element is accepted as torch's own losses are."""
+    """``step()``'s loss as a finite float (what the probe requires of the first step)."""
+    value = loss_value(spec, loss)
+    if not math.isfinite(value):
+        raise FixtureError(f"fixture {spec!r}: step() returned {loss!r}, expected a finite float")
+    return value
+
+
+def loss_value(spec: str, loss: Any) -> float:
+    """``step()``'s loss as a float, finite or not; a tensor of one element is accepted as
+    torch's own losses are. A later step's NaN is the loop's behaviour, recorded and judged
+    (``non-finite loss``), not a malformed interface."""
     try:
         value = float(loss)
     except (TypeError, ValueError, RuntimeError):
         raise FixtureError(
             f"fixture {spec!r}: step() returned a {type(loss).__name__}, expected a float loss"
         ) from None
-    if isinstance(loss, bool) or not math.isfinite(value):
-        raise FixtureError(f"fixture {spec!r}: step() returned {loss!r}, expected a finite float")
+    if isinstance(loss, bool):
+        raise FixtureError(f"fixture {spec!r}: step() returned {loss!r}, expected a float loss")
     return value

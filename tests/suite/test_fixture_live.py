@@ -273,6 +273,27 @@ def test_a_correct_loop_holds_at_world_sizes_one_two_and_four() -> None:
         ("fixture_loops:no_step", "lacks step()"),
         ("fixture_loops:not_a_mapping", "state_dict() returned a list, not a mapping"),
         ("fixture_loops:bad_loss", "step() returned nan, expected a finite float"),
+        # What DCP cannot save (measured with dcp.save at world size 1), named by key.
+        (
+            "fixture_loops:sparse_state",
+            "state_dict() holds app.extra.value, a sparse tensor (layout torch.sparse_coo, "
+            "device cpu), which DCP cannot save",
+        ),
+        (
+            "fixture_loops:meta_state",
+            "state_dict() holds app.extra.value, a tensor on the meta device (layout "
+            "torch.strided, device meta), which DCP cannot save",
+        ),
+        (
+            "fixture_loops:expanded_state",
+            "state_dict() holds app.extra.value, an expanded tensor (layout torch.strided, "
+            "device cpu, strides [0]), which DCP saves but cannot load into",
+        ),
+        (
+            "fixture_loops:nested_state",
+            "state_dict() holds app.extra.value, a nested tensor (layout torch.jagged, device "
+            "cpu), which DCP cannot save",
+        ),
     ],
 )
 def test_a_fixture_outside_the_interface_is_one_line_and_exit_2(tmp_path, fixture, message) -> None:
@@ -284,6 +305,92 @@ def test_a_fixture_outside_the_interface_is_one_line_and_exit_2(tmp_path, fixtur
     assert message in lines[0], lines[0]
     assert "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "line", "message"),
+    [
+        (
+            "import torch\n\ndef fixture(rank, world_size)\n    return None\n",
+            3,
+            "SyntaxError: expected ':'",
+        ),
+        (
+            "import os\nimport nonexistent_pkg_for_dcp_invariant\n",
+            2,
+            "ModuleNotFoundError: No module named 'nonexistent_pkg_for_dcp_invariant'",
+        ),
+        ("X = 1\n\nraise RuntimeError('no config')\n", 3, "RuntimeError: no config"),
+    ],
+    ids=["syntax-error", "missing-dependency", "raises-at-import"],
+)
+def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(
+    tmp_path, source, line, message
+) -> None:
+    (tmp_path / "broken_fixture.py").write_text(source)
+    out = tmp_path / "out"
+    proc = run_cli(
+        "run",
+        "--fixture",
+        "broken_fixture:fixture",
+        "--world-sizes",
+        "1",
+        "--output-dir",
+        str(out),
+        "--source-revision",
+        REVISION,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dcp-invariant: error: "), proc.stderr
+    where = f"{(tmp_path / 'broken_fixture.py').resolve()}:{line}: "
+    assert f"importing 'broken_fixture' failed: {where}{message}" in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_a_non_finite_loss_after_the_probe_is_a_classified_failure(tmp_path) -> None:
+    out = tmp_path / "out"
+    proc = run_cli(
+        "run",
+        "--fixture",
+        "fixture_loops:nan_at_step_5",
+        "--world-sizes",
+        "1",
+        "--output-dir",
+        str(out),
+        "--source-revision",
+        REVISION,
+        cwd=TESTS,
+    )
+    assert proc.returncode == 1, proc.stderr
+    for name in ("resume_1", "async_resume_1", "async_staged_resume_1", "async_process_resume_1"):
+        reasons = canonical.loads((out / schema.result_file(name)).read_bytes())["reasons"]
+        assert reasons[0].startswith(
+            "non-finite loss: uninterrupted run (reference) rank 0: step 5 returned nan, so "
+        ), (name, reasons)
+        assert not any("exited with code" in r for r in reasons), reasons
+    # The rank's log says it in one line; no traceback, least of all of the tool's frames.
+    assert "fixture: step 5 returned nan, expected a finite float loss" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"dcp_invariant{os.sep}" not in proc.stderr, proc.stderr
+    report = verify_artifact(out)  # the verifier derives the same reasons from observations
+    assert report.valid and not report.passed, report.problems
+
+
+def test_a_non_finite_loss_in_resharded_steps_names_the_rank_and_world_size() -> None:
+    reasons = derive("nan_at_step_5", ["reshard_1_to_2"])["reshard_1_to_2"]
+    assert reasons, reasons
+    assert all(r.startswith("non-finite loss: rank ") for r in reasons), reasons
+    assert reasons[0].startswith("non-finite loss: rank 0 at world size 2: step 5 returned nan")
+
+
+def test_quantized_and_strided_views_resume_exactly_and_a_lost_scale_is_caught() -> None:
+    assert derive("quantized_state", ["resume_1"]) == {"resume_1": []}
+    reasons = derive("quantized_scale_changes", ["resume_1"])["resume_1"]
+    # DCP saves the integers and loads them into the fresh app's tensor, at its own scale.
+    assert reasons[0].startswith("did not round-trip through DCP: rank 0: app.extra.value"), reasons
 
 
 def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path) -> None:

@@ -7,13 +7,14 @@ workspace so a later group can say by how much a key differs, not only that it d
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
@@ -27,7 +28,13 @@ from torch.distributed.checkpoint.state_dict_saver import (
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from dcp_invariant.suite import state_keys
-from dcp_invariant.suite.fixture import FixtureError, build_app, checked_loss, checked_state
+from dcp_invariant.suite.fixture import (
+    FixtureError,
+    build_app,
+    checked_loss,
+    checked_state,
+    loss_value,
+)
 from dcp_invariant.suite.scenarios.tasks import load_through_pointer
 from dcp_invariant.suite.worker import Report, loopback_gloo_options
 
@@ -35,22 +42,68 @@ from dcp_invariant.suite.worker import Report, loopback_gloo_options
 def fixture_probe(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
     """Check the fixture's interface before any scenario runs: a problem here is bad input.
 
-    Problems with what the fixture returns are reported as ``problem``; an exception raised by
-    the fixture's own code propagates, so its traceback reaches the log.
+    Problems with the module or with what the fixture returns are reported as ``problem``: a
+    module that cannot be imported, state DCP cannot save (checked before and after the first
+    step, which is when an optimizer makes its state). An exception raised by the fixture's own
+    code propagates, so its traceback reaches the log.
     """
     spec = payload["fixture"]
     try:
         app = build_app(spec, rank, world_size)
-        state = checked_state(spec, app.state_dict())
-        try:
-            state_keys.record(state_keys.gather(state))
-        except TypeError as exc:
-            raise FixtureError(f"fixture {spec!r}: state_dict() holds {exc}") from exc
+        _probe_state(spec, app.state_dict())
         checked_loss(spec, app.step())
+        _probe_state(spec, app.state_dict())
     except (FixtureError, state_keys.StateKeyError) as exc:
         report({"problem": str(exc)})
         return
     report({"problem": None})
+
+
+def _probe_state(spec: str, state: Any) -> None:
+    problem = state_keys.refusal(checked_state(spec, state))
+    if problem is not None:
+        raise FixtureError(f"fixture {spec!r}: state_dict() holds {problem}")
+    for path, value in state_keys.gather(state).items():
+        try:
+            state_keys.record({path: value})
+        except TypeError as exc:
+            raise FixtureError(f"fixture {spec!r}: state_dict() holds {path}, {exc}") from None
+        except (RuntimeError, NotImplementedError) as exc:
+            # A tensor type this tool has not met (a subclass, say): named, never a traceback.
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise FixtureError(
+                f"fixture {spec!r}: state_dict() holds {path}, a {type(value).__name__} "
+                f"({state_keys.describe(value)}) whose bytes cannot be read ({first}); save it "
+                "as a plain tensor and rebuild it in load_state_dict()"
+            ) from None
+
+
+def _fail(message: str) -> NoReturn:
+    """The loop broke the interface after the probe: one line in the rank's log, exit 1.
+
+    The tool's own frames would say nothing the line does not (worker.run prints a traceback
+    for what a task raises); the scenario fails on the exit code, and the line reaches the
+    console with the log.
+    """
+    print(f"fixture: {message}", flush=True)
+    raise SystemExit(1)
+
+
+def _loss(spec: str, app: Any) -> float:
+    try:
+        return loss_value(spec, app.step())
+    except FixtureError as exc:
+        _fail(str(exc))
+
+
+def _stop_if_not_finite(loss: float, step: str) -> None:
+    """After a non-finite loss is recorded: the run cannot go on meaningfully, so stop here.
+
+    The recorded loss (``nan``, ``inf``) is what the verdict rests on (``non-finite loss`` in
+    dcp_invariant/evidence/rules.py); the exit code stops the scenario's later groups.
+    """
+    if not math.isfinite(loss):
+        _fail(f"{step} returned {loss!r}, expected a finite float loss")
 
 
 def fixture_train(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
@@ -60,10 +113,15 @@ def fixture_train(rank: int, world_size: int, payload: dict[str, Any], report: R
     held back, as a trainer's next step runs while the checkpoint uploads.
     """
     spec = payload["fixture"]
+    n = payload["steps_before"]
     app = build_app(spec, rank, world_size)
     record: dict[str, Any] = {"losses_before": [], "rank": rank, "saved": None, "steps": []}
-    for _ in range(payload["steps_before"]):
-        record["losses_before"].append(checked_loss(spec, app.step()).hex())
+    for step in range(1, n + 1):
+        loss = _loss(spec, app)
+        record["losses_before"].append(loss.hex())
+        if not math.isfinite(loss):
+            report(record)
+            _stop_if_not_finite(loss, f"step {step}")
     mode = payload.get("async_mode")
     if mode is None:
         dcp_save({"app": app}, storage_writer=FileSystemWriter(payload["checkpoint"]))
@@ -73,11 +131,14 @@ def fixture_train(rank: int, world_size: int, payload: dict[str, Any], report: R
         record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
         record["async"] = _save_while_stepping(spec, app, payload, record, rank, mode)
     report(record)
+    if record["steps"]:
+        _stop_if_not_finite(float.fromhex(record["steps"][0]["loss"]), f"step {n + 1}")
     for step in range(len(record["steps"]) + 1, payload["steps_after"] + 1):
-        loss = checked_loss(spec, app.step()).hex()
+        loss = _loss(spec, app)
         keys = _observe(spec, app, payload["snapshots"], rank, f"step-{step}")
-        record["steps"].append({"keys": keys, "loss": loss})
+        record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
+        _stop_if_not_finite(loss, f"step {n + step}")
 
 
 class _GatedWriter(FileSystemWriter):
@@ -188,10 +249,12 @@ def _save_while_stepping(
         upload: Future[Any] = response.upload_completion
     else:
         upload = response
-    loss = checked_loss(spec, app.step()).hex()
-    keys = _observe(spec, app, payload["snapshots"], rank, "step-1")
-    pending = not upload.done()
-    gate.touch()
+    try:
+        loss = _loss(spec, app).hex()  # a non-finite one is recorded; the caller stops after it
+        keys = _observe(spec, app, payload["snapshots"], rank, "step-1")
+        pending = not upload.done()
+    finally:
+        gate.touch()  # a rank that stops here must not leave DCP's writer waiting at the gate
     error = None
     try:
         upload.result(timeout=timeout)
@@ -222,20 +285,48 @@ def fixture_resume(rank: int, world_size: int, payload: dict[str, Any], report: 
     )
     report(record)
     for step in range(1, payload["steps_after"] + 1):
-        loss = checked_loss(spec, app.step()).hex()
+        loss = _loss(spec, app)
         phase = f"step-{step}"
         if payload["compare_steps"]:
             keys = _compare(spec, app, reference, source_rank, phase, phase, record["diffs"])
         else:
-            keys = state_keys.record(state_keys.gather(checked_state(spec, app.state_dict())))
-        record["steps"].append({"keys": keys, "loss": loss})
+            keys = state_keys.record(_leaves(spec, app))
+        record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
+        _stop_if_not_finite(loss, f"resumed step {step}")
 
 
-def _observe(spec: str, app: Any, snapshots: str, rank: int, phase: str) -> dict[str, str]:
-    leaves = state_keys.gather(checked_state(spec, app.state_dict()))
-    state_keys.save_snapshot(leaves, _snapshot_path(Path(snapshots), rank, phase))
-    return state_keys.record(leaves)
+def _leaves(spec: str, app: Any) -> dict[str, Any]:
+    """The app's state by key, global values; what the probe refused, refused again here.
+
+    The probe saw the state before and after one step only: what DCP cannot save, or this tool
+    cannot hash, if it appears later, ends the rank with one line instead of a traceback of
+    this tool's frames.
+    """
+    try:
+        state = checked_state(spec, app.state_dict())
+        problem = state_keys.refusal(state)
+        if problem is not None:
+            _fail(f"state_dict() holds {problem}")
+        return state_keys.gather(state)
+    except (FixtureError, state_keys.StateKeyError) as exc:
+        _fail(str(exc))
+
+
+def _record(leaves: dict[str, Any]) -> dict[str, str]:
+    try:
+        return state_keys.record(leaves)
+    except TypeError as exc:
+        _fail(f"state_dict() holds {exc}")
+
+
+def _observe(spec: str, app: Any, snapshots: str | None, rank: int, phase: str) -> dict[str, str]:
+    """The records of this phase, and its snapshot unless no later group will read one."""
+    leaves = _leaves(spec, app)
+    keys = _record(leaves)
+    if snapshots is not None:
+        state_keys.save_snapshot(leaves, keys, _snapshot_path(Path(snapshots), rank, phase))
+    return keys
 
 
 def _compare(
@@ -247,13 +338,14 @@ def _compare(
     phase: str,
     diffs: list[dict[str, Any]],
 ) -> dict[str, str]:
-    leaves = state_keys.gather(checked_state(spec, app.state_dict()))
+    leaves = _leaves(spec, app)
+    keys = _record(leaves)
     path = _snapshot_path(reference, source_rank, reference_phase)
     if path.exists():
-        diffs += state_keys.differences(state_keys.load_snapshot(path), leaves, phase)
-    return state_keys.record(leaves)
+        diffs += state_keys.differences(state_keys.load_snapshot(path), keys, leaves, phase)
+    return keys
 
 
 def _snapshot_path(directory: Path, rank: int, phase: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    return directory / f"rank{rank}-{phase}.pt"
+    return directory / f"rank{rank}-{phase}.json"
