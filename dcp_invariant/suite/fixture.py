@@ -107,8 +107,44 @@ def _raising_frame(exc: BaseException) -> traceback.FrameSummary | None:
     return frames[-1] if frames else None
 
 
+class Anchored:
+    """The user's app, with the worker's working directory put back after every call into it.
+
+    Checkpoint ids stay relative to the scenario's workspace (DCP records the id in
+    ``.metadata``: ``StorageMeta.checkpoint_id`` in torch/distributed/checkpoint/metadata.py,
+    and the evidence must hold no path), so a loop that calls ``os.chdir`` would otherwise
+    send DCP's reads and writes into its own directory.
+    """
+
+    def __init__(self, app: App, home: str) -> None:
+        self.app = app
+        self._home = home
+
+    def state_dict(self) -> dict[str, Any]:
+        try:
+            return self.app.state_dict()
+        finally:
+            os.chdir(self._home)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        try:
+            self.app.load_state_dict(state_dict)
+        finally:
+            os.chdir(self._home)
+
+    def step(self) -> float:
+        try:
+            return self.app.step()
+        finally:
+            os.chdir(self._home)
+
+
 def build_app(spec: str, rank: int, world_size: int) -> App:
-    app = load_fixture(spec)(rank, world_size)
+    home = os.getcwd()
+    try:
+        app = load_fixture(spec)(rank, world_size)
+    finally:
+        os.chdir(home)
     missing = [
         m for m in ("state_dict", "load_state_dict", "step") if not callable(getattr(app, m, None))
     ]
@@ -119,7 +155,7 @@ def build_app(spec: str, rank: int, world_size: int) -> App:
             + ": the app needs state_dict(), load_state_dict(sd) and step() -> float"
         )
     assert isinstance(app, App)
-    return app
+    return Anchored(app, home)
 
 
 def checked_state(spec: str, state: Any) -> Mapping[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import (
     AsyncCheckpointerType,
@@ -145,9 +146,16 @@ class _GatedWriter(FileSystemWriter):
     """Writes nothing until the gate file exists: the next step certainly overlaps the save."""
 
     def __init__(self, path: str, gate: Path, timeout: float) -> None:
-        super().__init__(path)
-        self._gate = gate
+        # The write runs in the background while the loop's next step runs, and that step may
+        # change the working directory: the writer works on the absolute path, and records the
+        # relative id in ``.metadata`` as a synchronous save does (the evidence holds no path).
+        super().__init__(os.path.abspath(path))
+        self._relative_id = Path(path)  # a Path, as FileSystemWriter keeps its own
+        self._gate = gate.absolute()
         self._timeout = timeout
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self._relative_id, save_id=self.save_id)
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         deadline = time.monotonic() + self._timeout
