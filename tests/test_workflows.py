@@ -33,7 +33,8 @@ EXAMPLE_FIXTURE = REPO / "examples" / "mlp_fixture.py"
 ZIZMOR_CONFIG = REPO / ".github" / "zizmor.yml"
 TOOL_TIMEOUT = 180
 
-# shared/README.md, "GitHub Actions facts": the commit each release tag points at.
+# The commit each release tag points at, in the actions' own repositories (github.com/actions/
+# upload-artifact, setup-python and checkout, tags v7.0.1, v7.0.0 and v7.0.1).
 PINNED = {
     ("actions/upload-artifact", "v7.0.1"): "043fb46d1a93c77aae656e7c1c64a875d1fc6a0a",
     ("actions/setup-python", "v7.0.0"): "5fda3b95a4ea91299a34e894583c3862153e4b97",
@@ -432,8 +433,8 @@ def test_run_steps_are_bash_without_expressions(action: dict[str, Any]) -> None:
         # An expression in a script is pasted in before the shell parses it: inputs could
         # inject commands. Values reach scripts through env: instead.
         assert "${{" not in step["run"], name
-        # On Windows, ${{ github.action_path }} in bash loses its backslashes (shared/README.md);
-        # the scripts use "$GITHUB_ACTION_PATH".
+        # On Windows, ${{ github.action_path }} is a backslashed path pasted into a bash script,
+        # where bash reads the backslashes as escapes; the scripts use "$GITHUB_ACTION_PATH".
         assert "github.action_path" not in step["run"], name
 
 

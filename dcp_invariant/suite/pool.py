@@ -353,7 +353,7 @@ class WorkerPool:
 
 
 def reap_group(workdir: Path, group: str, sessions: set[int]) -> list[str]:
-    """Kill what a finished group left running; the programs' names, sorted, for a warning.
+    """Kill what a finished group left running; the programs' names, for a warning.
 
     Its workers led ``sessions`` (:func:`worker.leave_terminal_session`) and put the group's
     token in their environment, so whatever they started is found even in another session.
@@ -362,7 +362,7 @@ def reap_group(workdir: Path, group: str, sessions: set[int]) -> list[str]:
     """
     mark = reaper.group_mark(os.path.realpath(workdir), group)
     killed = reaper.kill_all(lambda: reaper.of_group(mark, sessions))
-    return sorted(s.name for s in killed if not s.helper)
+    return [s.name for s in killed if not s.helper]
 
 
 def kill_process_tree(proc: subprocess.Popen[bytes]) -> None:

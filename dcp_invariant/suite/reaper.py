@@ -76,14 +76,22 @@ def _environ_has(pid: int, variable: str, value: str) -> bool:
     return os.fsencode(f"{variable}={value}") in environ.split(b"\0")
 
 
-def _session(pid: int) -> int | None:
+def _stat(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, session, ...; None: gone.
+
+    The name stands in parentheses and may itself hold spaces and parentheses: the fields
+    start after the last ``)`` (proc(5)).
+    """
     try:
         stat = (PROC / str(pid) / "stat").read_bytes()
     except OSError:
         return None
-    # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[3]) if len(fields) > 3 else None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _session(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[3]) if fields is not None and len(fields) > 3 else None
 
 
 def _pids() -> list[int]:
@@ -119,12 +127,8 @@ def become_subreaper() -> None:
 
 
 def _parent(pid: int) -> int | None:
-    try:
-        stat = (PROC / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None
+    fields = _stat(pid)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None
 
 
 def reap_children(exclude: set[int]) -> list[str]:
@@ -132,14 +136,14 @@ def reap_children(exclude: set[int]) -> list[str]:
     at exit, as torch's checkpoint process and DataLoader workers); their programs' names,
     sorted, multiprocessing's resource tracker left unnamed."""
     me = os.getpid()
-    killed = kill_all(lambda: [p for p in carrying_parent(me) if p not in exclude])
+    killed = kill_all(lambda: [p for p in _children_of(me) if p not in exclude])
     for straggler in killed:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(straggler.pid, 0)
     return sorted(s.name for s in killed if not s.helper)
 
 
-def carrying_parent(parent: int) -> list[int]:
+def _children_of(parent: int) -> list[int]:
     if not supported():
         return []
     return [pid for pid in _pids() if _parent(pid) == parent]
@@ -178,11 +182,8 @@ def kill_all(find: Callable[[], list[int]], seconds: float = SWEEP_SECONDS) -> l
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        stat = (PROC / str(pid) / "stat").read_bytes()
-    except OSError:
-        return True  # gone
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+    fields = _stat(pid)
+    return fields is None or fields[:1] in ([b"Z"], [b"X"])  # gone, or only its status is left
 
 
 class Guardian:

@@ -44,6 +44,25 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def run_fixture(
+    fixture: str, out: Path, *extra: str, cwd: Path = TESTS
+) -> subprocess.CompletedProcess[str]:
+    """``run --fixture FIXTURE --world-sizes 1`` into ``out``, as a user runs it from ``cwd``."""
+    return run_cli(
+        "run",
+        "--fixture",
+        fixture,
+        "--world-sizes",
+        "1",
+        *extra,
+        "--output-dir",
+        str(out),
+        "--source-revision",
+        REVISION,
+        cwd=cwd,
+    )
+
+
 def derive(
     fixture: str, names: list[str], world_sizes: tuple[int, ...] = (1, 2)
 ) -> dict[str, list[str]]:
@@ -129,18 +148,7 @@ def test_a_fixture_run_is_byte_identical_when_repeated(tmp_path: Path) -> None:
     outs = []
     for i in range(2):
         out = tmp_path / f"run{i}"
-        proc = run_cli(
-            "run",
-            "--fixture",
-            "fixture_loops:correct",
-            "--world-sizes",
-            "1",
-            "--output-dir",
-            str(out),
-            "--source-revision",
-            REVISION,
-            cwd=TESTS,
-        )
+        proc = run_fixture("fixture_loops:correct", out)
         assert proc.returncode == 0, proc.stderr
         outs.append(out)
     for rel in schema.artifact_files(plan.fixture_plan("fixture_loops:correct", (1,)).names):
@@ -329,18 +337,7 @@ def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(
 ) -> None:
     (tmp_path / "broken_fixture.py").write_text(source)
     out = tmp_path / "out"
-    proc = run_cli(
-        "run",
-        "--fixture",
-        "broken_fixture:fixture",
-        "--world-sizes",
-        "1",
-        "--output-dir",
-        str(out),
-        "--source-revision",
-        REVISION,
-        cwd=tmp_path,
-    )
+    proc = run_fixture("broken_fixture:fixture", out, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dcp-invariant: error: "), proc.stderr
@@ -352,18 +349,7 @@ def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(
 
 def test_a_non_finite_loss_after_the_probe_is_a_classified_failure(tmp_path) -> None:
     out = tmp_path / "out"
-    proc = run_cli(
-        "run",
-        "--fixture",
-        "fixture_loops:nan_at_step_5",
-        "--world-sizes",
-        "1",
-        "--output-dir",
-        str(out),
-        "--source-revision",
-        REVISION,
-        cwd=TESTS,
-    )
+    proc = run_fixture("fixture_loops:nan_at_step_5", out)
     assert proc.returncode == 1, proc.stderr
     for name in ("resume_1", "async_resume_1", "async_staged_resume_1", "async_process_resume_1"):
         reasons = canonical.loads((out / schema.result_file(name)).read_bytes())["reasons"]
@@ -394,18 +380,7 @@ def test_quantized_and_strided_views_resume_exactly_and_a_lost_scale_is_caught()
 
 
 def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path) -> None:
-    proc = run_cli(
-        "run",
-        "--fixture",
-        "fixture_loops:raises_in_step",
-        "--world-sizes",
-        "1",
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--source-revision",
-        REVISION,
-        cwd=TESTS,
-    )
+    proc = run_fixture("fixture_loops:raises_in_step", tmp_path / "out")
     assert proc.returncode == 1, proc.stderr
     assert "ValueError: boom from the fixture" in proc.stderr
     assert "fixture_loops.py" in proc.stderr
@@ -415,20 +390,7 @@ def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path) -> None:
 
 
 def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_path) -> None:
-    proc = run_cli(
-        "run",
-        "--fixture",
-        "fixture_loops:hangs",
-        "--world-sizes",
-        "1",
-        "--timeout",
-        "15",
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--source-revision",
-        REVISION,
-        cwd=TESTS,
-    )
+    proc = run_fixture("fixture_loops:hangs", tmp_path / "out", "--timeout", "15")
     assert proc.returncode == 1, proc.stderr
     assert "uninterrupted run (reference): timed out and was killed" in proc.stderr
     summary = canonical.loads((tmp_path / "out" / schema.SUMMARY_FILE).read_bytes())

@@ -20,7 +20,10 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 linux_only = pytest.mark.skipif(not reaper.supported(), reason="reads /proc")
 
 
-def run(tmp_path: Path, fixture: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    tmp_path: Path, fixture: str, cwd: Path = TESTS, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``run --fixture FIXTURE --world-sizes 1`` with a TMPDIR of its own under ``tmp_path``."""
     private = tmp_path / "tmp"
     private.mkdir()
     return subprocess.run(
@@ -34,7 +37,7 @@ def run(tmp_path: Path, fixture: str, **env: str) -> subprocess.CompletedProcess
             "--source-revision",
             REVISION,
             "--fixture",
-            f"hostile_loops:{fixture}",
+            fixture,
             "--world-sizes",
             "1",
             "--timeout",
@@ -44,7 +47,7 @@ def run(tmp_path: Path, fixture: str, **env: str) -> subprocess.CompletedProcess
         text=True,
         # The children sleep 600 s: a run that waited for them would not end in time.
         timeout=240,
-        cwd=TESTS,
+        cwd=cwd,
         env={**os.environ, "TMPDIR": str(private), **env},
         check=False,
     )
@@ -68,7 +71,7 @@ def _environ(entry: Path) -> bytes:
 @linux_only
 @pytest.mark.parametrize("fixture", ["leaves_a_daemon", "double_forks"])
 def test_a_child_left_behind_is_killed_with_its_group_and_named(tmp_path, fixture) -> None:
-    proc = run(tmp_path, fixture)
+    proc = run(tmp_path, f"hostile_loops:{fixture}")
     assert proc.returncode == 0, proc.stderr  # a leftover is a warning, not a failed resume
     # Every group that reached the second step left one; each is named once it ended.
     warnings = re.findall(
@@ -83,30 +86,7 @@ def test_a_child_left_behind_is_killed_with_its_group_and_named(tmp_path, fixtur
 def test_the_example_leaves_nothing_to_warn_about(tmp_path) -> None:
     """No false warning: DataLoader-style and checkpoint processes multiprocessing ends itself
     (async_save's process mode) are not a loop's leftovers."""
-    private = tmp_path / "tmp"
-    private.mkdir()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dcp_invariant",
-            "run",
-            "--output-dir",
-            str(tmp_path / "out"),
-            "--source-revision",
-            REVISION,
-            "--fixture",
-            "mlp_fixture:fixture",
-            "--world-sizes",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=TESTS.parent / "examples",
-        env={**os.environ, "TMPDIR": str(private)},
-        check=False,
-    )
+    proc = run(tmp_path, "mlp_fixture:fixture", cwd=TESTS.parent / "examples")
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr
 
@@ -114,7 +94,7 @@ def test_the_example_leaves_nothing_to_warn_about(tmp_path) -> None:
 def test_a_loop_that_changes_directory_still_resumes_and_writes_nothing_there(tmp_path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    proc = run(tmp_path, "changes_directory", HOSTILE_CHDIR=str(elsewhere))
+    proc = run(tmp_path, "hostile_loops:changes_directory", HOSTILE_CHDIR=str(elsewhere))
     assert proc.returncode == 0, proc.stderr
     assert list(elsewhere.iterdir()) == []
     assert list((tmp_path / "tmp").iterdir()) == []
