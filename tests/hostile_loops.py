@@ -19,11 +19,12 @@ SLEEP = "600"
 
 
 class LeavesADaemon(App):  # type: ignore[misc]
-    """Starts a detached process in a session of its own at its second step, and forgets it."""
+    """Starts a detached process in a session of its own at step ``$HOSTILE_DAEMON_STEP`` (the
+    second by default), and forgets it."""
 
     def step(self) -> Any:
         loss = super().step()
-        if self.cursor == 2:
+        if self.cursor == int(os.environ.get("HOSTILE_DAEMON_STEP", "2")):
             subprocess.Popen(
                 ["sleep", SLEEP],
                 start_new_session=True,

@@ -189,13 +189,56 @@ async_train_rank = record(
         )
     },
 )
+
+
+def left_running(value: Any, where: str) -> list[str]:
+    """What a fixture run's groups left running: ``[{"group": ..., "programs": [...]}]``, one
+    entry per group in name order, each program list sorted (the runner kills them all)."""
+    problems = list_of(record(group=string, programs=list_of(string, 64)), 64)(value, where)
+    if problems:
+        return problems
+    groups = [entry["group"] for entry in value]
+    if groups != sorted(set(groups)):
+        problems.append(f"{where}: expected one entry per group, in name order")
+    for i, entry in enumerate(value):
+        if not entry["programs"] or entry["programs"] != sorted(entry["programs"]):
+            problems.append(f"{where}[{i}].programs: expected a non-empty sorted list")
+    return problems
+
+
 _fixture_common: dict[str, Check] = {
     **_common,
+    "left_running": left_running,
     "fixture": string,
     "steps_before_save": integer(1),
     "steps_after": integer(1),
     "commit": optional(commit),
     "target": optional(group(fixture_resume_rank)),
+}
+
+_elastic_fields: dict[str, Check] = {
+    **_common,
+    "fixture": string,
+    "steps_before_save": integer(0),
+    "source": group(training_source_rank),
+    "commit": optional(commit),
+    "launcher": optional(
+        record(
+            arguments=list_of(string, 16),
+            exit_code=exit_code,
+            timed_out=boolean,
+            guard=optional(attestation),
+        )
+    ),
+    "failure_marker": optional(record(attempt=integer(0), exit_code=exit_code, rank=integer(0))),
+    "target": optional(record(ranks=list_of(elastic_target_rank, 8))),
+    "after": optional(
+        record(
+            pointer=optional(label("pointer")),
+            receipt=optional(label("receipt")),
+            generations=integer(0),
+        )
+    ),
 }
 
 FAMILY_SHAPES: dict[str, Check] = {
@@ -228,30 +271,7 @@ FAMILY_SHAPES: dict[str, Check] = {
         commit=optional(commit),
         target=optional(group(dtensor_target_rank)),
     ),
-    "elastic": record(
-        **_common,
-        fixture=string,
-        steps_before_save=integer(0),
-        source=group(training_source_rank),
-        commit=optional(commit),
-        launcher=optional(
-            record(
-                arguments=list_of(string, 16),
-                exit_code=exit_code,
-                timed_out=boolean,
-                guard=optional(attestation),
-            )
-        ),
-        failure_marker=optional(record(attempt=integer(0), exit_code=exit_code, rank=integer(0))),
-        target=optional(record(ranks=list_of(elastic_target_rank, 8))),
-        after=optional(
-            record(
-                pointer=optional(label("pointer")),
-                receipt=optional(label("receipt")),
-                generations=integer(0),
-            )
-        ),
-    ),
+    "elastic": record(**_elastic_fields),
     "rank_exit": record(
         **_common,
         fixture=string,
@@ -275,11 +295,21 @@ FAMILY_SHAPES: dict[str, Check] = {
     ),
 }
 
+# The elastic scenario of a fixture run records, like the other fixture families, what its groups
+# (torchrun's ranks among them) left running.
+FIXTURE_ELASTIC = record(**_elastic_fields, left_running=left_running)
+
+
+def shape_of(family: str, run_plan: plan.Plan) -> Check:
+    if run_plan.kind == "fixture" and family == "elastic":
+        return FIXTURE_ELASTIC
+    return FAMILY_SHAPES[family]
+
 
 def validate(name: str, observation: Any, run_plan: plan.Plan = plan.REGISTERED) -> list[str]:
     """Every way ``observation`` departs from the shape of scenario ``name``; empty when valid."""
     scenario = run_plan.scenario(name)
-    problems = FAMILY_SHAPES[scenario.family](observation, name)
+    problems = shape_of(scenario.family, run_plan)(observation, name)
     if problems:
         return problems
     planned: list[tuple[str, Any]] = [

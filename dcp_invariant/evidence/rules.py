@@ -50,12 +50,24 @@ def result_record(
     name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
     reasons = [*derive(name, obs, run_plan), *extra]
-    return {
+    result = {
         "reasons": reasons,
         "scenario": name,
         "schema_version": schema.version_for(run_plan),
         "verdict": "fail" if reasons else "pass",
     }
+    if run_plan.kind == "fixture":
+        result["warnings"] = warnings(obs["left_running"])
+    return result
+
+
+def warnings(left_running: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A loop that leaves a child running does not fail (the runner killed it when its group
+    ended), but the user should know: one line per group, naming the programs."""
+    return [
+        f"{entry['group']}: left {', '.join(entry['programs'])} running; killed when it ended"
+        for entry in left_running
+    ]
 
 
 def results(

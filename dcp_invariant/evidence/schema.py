@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from dcp_invariant.plan import SCENARIO_NAMES, Plan
 
 SCHEMA_VERSION = 2  # the registered suite's artifact
-FIXTURE_SCHEMA_VERSION = 3  # a fixture run's: per-key state records, the plan in provenance
+# A fixture run's: per-key state records, the plan in provenance, and since 4 the programs its
+# groups left running (3 lacked them; this verifier refuses it rather than guess).
+FIXTURE_SCHEMA_VERSION = 4
 MAX_FILE_BYTES = 1 << 20  # observations are a few KiB; anything near this is not ours
 # A fixture run records every key of the user's state at every phase: bounded, but larger.
 MAX_FIXTURE_FILE_BYTES = 32 << 20

@@ -207,11 +207,7 @@ class WorkerPool:
                 self._live.difference_update(procs)
         self._refuse_if_cancelled()
         stragglers = reap_group(workdir, group, {p.pid for p in procs})
-        for rank in range(world_size):
-            left = workdir / worker.stragglers_path(group, rank)
-            if left.exists():
-                stragglers += left.read_text(errors="replace").split()
-        stragglers.sort()
+        stragglers = sorted(stragglers + worker.stragglers(workdir, group, world_size))
         results = []
         for rank in range(world_size):
             path = workdir / worker.result_path(group, rank)

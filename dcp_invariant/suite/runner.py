@@ -132,14 +132,12 @@ def run_suite(
                     raise Cancelled("the run is being interrupted")  # its outcome means nothing
                 _refuse_environment_failures(ctx)
                 elapsed = time.monotonic() - started
+                left_running = ctx.left_running_record()
+                if run_plan.kind == "fixture":
+                    obs["left_running"] = left_running
                 reasons = rules.derive(name, obs, run_plan)
                 tails = [t for t in (o.log_tail() for _, o in ctx.outcomes) if t]
                 logs = "" if not reasons else "\n".join([*ctx.notes, *tails])
-                warnings = [
-                    f"{group}: left {', '.join(o.stragglers)} running; killed when it ended"
-                    for group, o in ctx.outcomes
-                    if o.stragglers
-                ]
                 with lock:
                     observations[name] = obs
                     if on_finish is not None:
@@ -150,7 +148,7 @@ def run_suite(
                                 elapsed,
                                 reasons,
                                 logs,
-                                warnings,
+                                rules.warnings(left_running),
                             )
                         )
 

@@ -41,6 +41,16 @@ def stragglers_path(group: str, rank: int) -> str:
     return f"results/{group}-rank{rank}.left"
 
 
+def stragglers(workdir: Path, group: str, world_size: int) -> list[str]:
+    """What the group's ranks reported leaving running (:func:`stragglers_path`)."""
+    names: list[str] = []
+    for rank in range(world_size):
+        path = workdir / stragglers_path(group, rank)
+        if path.exists():
+            names += path.read_text(errors="replace").split()
+    return names
+
+
 def log_path(group: str, rank: int) -> str:
     return f"logs/{group}-rank{rank}.log"
 

@@ -1,4 +1,4 @@
-"""A fixture run's artifact (schema v3), put together without torch for the torch-free tests.
+"""A fixture run's artifact (schema v4), put together without torch for the torch-free tests.
 
 No real fixture-run artifact is checked in yet; this one has the structure a run of
 ``examples/mlp_fixture.py`` at world sizes 1 and 2 gives: per-key records that agree wherever
@@ -16,7 +16,7 @@ from typing import Any
 from artifact_data import DATA_ARTIFACT, read_observations
 
 from dcp_invariant import plan
-from dcp_invariant.evidence import artifact, provenance
+from dcp_invariant.evidence import artifact, provenance, schema
 
 FIXTURE = "examples.mlp_fixture:fixture"
 PLAN = plan.fixture_plan(FIXTURE, (1, 2), 3, 2)
@@ -109,8 +109,9 @@ def _common(name: str) -> dict[str, Any]:
     return {
         "errors": [],
         "fixture": FIXTURE,
+        "left_running": [],
         "scenario": name,
-        "schema_version": 3,
+        "schema_version": schema.FIXTURE_SCHEMA_VERSION,
         "source_world_size": scenario.source_world_size,
         "steps_after": PLAN.steps_after,
         "steps_before_save": PLAN.steps_before,
@@ -144,8 +145,15 @@ def observations() -> dict[str, dict[str, Any]]:
                 "source": train_group(a, 0),
                 "target": resume_group(a, b, compare=False),
             }
+    # A loop that left a child running in its uninterrupted run: a warning, not a failure.
+    out["resume_2"]["left_running"] = [{"group": "reference", "programs": ["sleep"]}]
     elastic = copy.deepcopy(read_observations(DATA_ARTIFACT)["elastic_restart_2_to_2"])
-    elastic.update(fixture=FIXTURE, schema_version=3, steps_before_save=PLAN.steps_before)
+    elastic.update(
+        fixture=FIXTURE,
+        left_running=[],
+        schema_version=schema.FIXTURE_SCHEMA_VERSION,
+        steps_before_save=PLAN.steps_before,
+    )
     elastic["commit"]["files"] = files(2)  # the same save as resume_2's
     out["elastic_restart_2_to_2"] = elastic
     return out

@@ -712,7 +712,7 @@ SHAPES = [
         "training_1_to_1",
         "true for the schema version",
         setter("schema_version", value=True),
-        "schema_version: expected one of [2, 3], got True",
+        "schema_version: expected one of [2, 4], got True",
     ),
     (
         "training_1_to_1",

@@ -211,10 +211,10 @@ CASES = [
     ),
     (
         "unknown provenance schema version",
-        edit(schema.PROVENANCE_FILE, _set(("schema_version",), 4)),
+        edit(schema.PROVENANCE_FILE, _set(("schema_version",), 5)),
         True,
         "provenance.json",
-        "unknown schema version 4",
+        "unknown schema version 5",
     ),
     (
         "provenance claims authentication",
@@ -225,10 +225,10 @@ CASES = [
     ),
     (
         "unknown observation schema version",
-        edit(OBS, _set(("schema_version",), 4)),
+        edit(OBS, _set(("schema_version",), 5)),
         True,
         OBS,
-        "schema_version: expected one of [2, 3], got 4",
+        "schema_version: expected one of [2, 4], got 5",
     ),
     (
         "observation with an unknown key",

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dcp_invariant import canonical
+from dcp_invariant.evidence import schema
+from dcp_invariant.evidence.verify import verify_artifact
 from dcp_invariant.suite import reaper
 
 pytestmark = pytest.mark.live
@@ -21,7 +24,7 @@ linux_only = pytest.mark.skipif(not reaper.supported(), reason="reads /proc")
 
 
 def run(
-    tmp_path: Path, fixture: str, cwd: Path = TESTS, **env: str
+    tmp_path: Path, fixture: str, cwd: Path = TESTS, world_sizes: str = "1", **env: str
 ) -> subprocess.CompletedProcess[str]:
     """``run --fixture FIXTURE --world-sizes 1`` with a TMPDIR of its own under ``tmp_path``."""
     private = tmp_path / "tmp"
@@ -39,7 +42,7 @@ def run(
             "--fixture",
             fixture,
             "--world-sizes",
-            "1",
+            world_sizes,
             "--timeout",
             "60",
         ],
@@ -81,6 +84,26 @@ def test_a_child_left_behind_is_killed_with_its_group_and_named(tmp_path, fixtur
     assert ("repeat", "sleep") in warnings, proc.stderr
     assert carrying(str(tmp_path)) == []
     assert list((tmp_path / "tmp").iterdir()) == []
+    # The evidence says it too, and the verifier derives the same warnings from it.
+    report = verify_artifact(tmp_path / "out")
+    assert report.passed, report.problems
+    result = canonical.loads((tmp_path / "out" / schema.result_file("resume_1")).read_bytes())
+    assert result["warnings"] == [
+        f"{group}: left sleep running; killed when it ended" for group in ("reference", "repeat")
+    ]
+
+
+@linux_only
+def test_what_torchruns_ranks_leave_behind_is_named_too(tmp_path) -> None:
+    """The elastic scenario's ranks are torchrun's, in sessions of their own: at step 4 the
+    restarted job's ranks each leave a child, which the run names under the job."""
+    proc = run(tmp_path, "hostile_loops:leaves_a_daemon", world_sizes="2", HOSTILE_DAEMON_STEP="4")
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    result = canonical.loads((out / schema.result_file("elastic_restart_2_to_2")).read_bytes())
+    assert "torchrun: left sleep running; killed when it ended" in result["warnings"]
+    assert carrying(str(tmp_path)) == []
+    assert verify_artifact(out).passed
 
 
 def test_the_example_leaves_nothing_to_warn_about(tmp_path) -> None:

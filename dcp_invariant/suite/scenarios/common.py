@@ -72,6 +72,8 @@ class ScenarioContext:
     tasks_run: list[str] = field(default_factory=list)
     # What the console shows about a failure and the evidence must not hold (paths, digests).
     notes: list[str] = field(default_factory=list)
+    # Per group, the programs its processes left running (killed when it ended).
+    stragglers: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def store(self) -> CheckpointStore:
@@ -98,7 +100,19 @@ class ScenarioContext:
         else:
             outcome = self.pool.run_group(ref, world_size, self.workdir, name, payload)
         self.outcomes.append((name, outcome))
+        self.left_running(name, outcome.stragglers)
         return outcome
+
+    def left_running(self, group: str, programs: list[str]) -> None:
+        if programs:
+            self.stragglers.setdefault(group, set()).update(programs)
+
+    def left_running_record(self) -> list[dict[str, Any]]:
+        """What the groups left running, as a fixture run's observation records it."""
+        return [
+            {"group": group, "programs": sorted(programs)}
+            for group, programs in sorted(self.stragglers.items())
+        ]
 
     def load_attempted(self) -> bool:
         return any(task in LOAD_TASKS for task in self.tasks_run)

@@ -22,11 +22,12 @@ from dcp_invariant.suite import reaper, worker
 from dcp_invariant.suite.pool import WorkerPool, kill_process_tree, reap_group
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.torchrun import guard
-from dcp_invariant.suite.torchrun.elastic_rank import MARKER_FILE
+from dcp_invariant.suite.torchrun.elastic_rank import MARKER_FILE, attempt_group
 
 ATTESTATION_FILE = "guard.json"
 LOG_FILE = "logs/torchrun.log"
 TORCHRUN_GROUP = "torchrun"
+RESUMED_GROUP = attempt_group(1)  # the ranks torchrun starts again after the planned exit
 # torchrun answers SIGTERM by stopping its workers, which run in sessions of their own (torch
 # 2.13 starts them with start_new_session): the agent is asked first, then killed.
 STOP_GRACE_SECONDS = 15.0
@@ -47,7 +48,11 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         if not ctx.commit_baseline(obs):
             return obs
 
-        exit_code, timed_out = _torchrun(ctx.workdir, ctx.fixture, ctx.pool)
+        exit_code, timed_out, left = _torchrun(ctx.workdir, ctx.fixture, ctx.pool)
+        # Each resumed rank (worker.run) kills and names its own children; the job's token
+        # finds what escaped them.
+        left += worker.stragglers(ctx.workdir, RESUMED_GROUP, sc.target_world_size)
+        ctx.left_running(TORCHRUN_GROUP, left)
         attestation = ctx.workdir / ATTESTATION_FILE
         obs["launcher"] = {
             "arguments": list(plan.TORCHRUN_ARGUMENTS),
@@ -64,7 +69,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
             obs["failure_marker"] = canonical.loads(marker.read_bytes(), what=MARKER_FILE)
         ranks = []
         for rank in range(sc.target_world_size):
-            path = ctx.workdir / worker.result_path("elastic-attempt1", rank)
+            path = ctx.workdir / worker.result_path(RESUMED_GROUP, rank)
             if path.exists():
                 record = canonical.loads(path.read_bytes(), what=path.name)
                 ranks.append({**record, "generation": ctx.intern("receipt", record["generation"])})
@@ -94,7 +99,8 @@ def _after(ctx: ScenarioContext, obs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool]:
+def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool, list[str]]:
+    """torchrun's exit code, whether it timed out, and what its ranks left running."""
     timeout = pool.timeout
     payload = {
         "dying_rank": plan.DYING_RANK,
@@ -138,13 +144,14 @@ def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool]
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _stop(proc)
-            return proc.wait(), True
+            return proc.wait(), True, []  # what was left is the stopped job, not a straggler
         finally:
-            # The agent reaps its workers; this catches any it could not, so none outlive it.
+            # The agent has reaped its ranks once it exits: anything still carrying the job's
+            # token was left behind by a rank. Killed here, with the agent's own process group.
+            left = reap_group(workdir, TORCHRUN_GROUP, {proc.pid})
             kill_process_tree(proc)
-            reap_group(workdir, TORCHRUN_GROUP, {proc.pid})
             pool.untrack(proc)
-        return code, False
+        return code, False, left
 
 
 def _new_process_group() -> dict[str, Any]:

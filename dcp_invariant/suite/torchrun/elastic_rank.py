@@ -60,11 +60,16 @@ def main(argv: list[str]) -> int:
         "dcp_invariant.suite.scenarios.tasks:load_and_step",
         rank,
         world_size,
-        f"elastic-attempt{attempt}",
+        attempt_group(attempt),
         task_payload,
         payload["timeout"],
     )
     return 0
+
+
+def attempt_group(attempt: int) -> str:
+    """The worker group name of torchrun's attempt ``attempt`` (its results and logs)."""
+    return f"elastic-attempt{attempt}"
 
 
 def _is_numeric_loopback(address: str) -> bool:
