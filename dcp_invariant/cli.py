@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--torch-version", default="", help="requested torch, for the default name")
     report.add_argument(
+        "--use",
+        type=int,
+        default=1,
+        help="which use of the action in the job this is, for the default name (default: 1)",
+    )
+    report.add_argument(
         "--summary-file",
         type=Path,
         default=_env_path("GITHUB_STEP_SUMMARY"),
@@ -205,7 +211,7 @@ def _github_report(args: argparse.Namespace) -> int:
     from dcp_invariant import github
 
     try:
-        name = github.artifact_name(args.artifact_name, args.torch_version, os.environ)
+        name = github.artifact_name(args.artifact_name, args.torch_version, os.environ, args.use)
     except github.ArtifactNameError as exc:
         raise UsageError(str(exc)) from exc
     # Everything is built before anything is written: all outputs reach the files, or none.

@@ -30,12 +30,14 @@ class ArtifactNameError(ValueError):
     pass
 
 
-def artifact_name(given: str, torch_version: str, env: Mapping[str, str]) -> str:
-    """``given``, or a default unique per job of a matrix over runner, Python and torch, per attempt.
+def artifact_name(given: str, torch_version: str, env: Mapping[str, str], use: int = 1) -> str:
+    """``given``, or a default unique per job of a matrix over runner, Python and torch, per
+    attempt, and per use of the action in the job.
 
-    Upload fails on a name already used in the workflow run, so a matrix cannot share one; and
-    RUNNER_OS alone does not tell ubuntu-22.04 from ubuntu-24.04, or x64 from arm64: the
-    architecture (RUNNER_ARCH) and the runner image (ImageOS) are part of the name.
+    Upload fails on a name already used in the workflow run (actions/upload-artifact v4 and
+    later), so a matrix cannot share one, nor two uses in one job: the second and later uses
+    add ``-use<n>``. RUNNER_OS alone does not tell ubuntu-22.04 from ubuntu-24.04, or x64 from
+    arm64: the architecture (RUNNER_ARCH) and the runner image (ImageOS) are part of the name.
     """
     if given:
         bad = sorted(set(_BAD_NAME_CHARS.findall(given)))
@@ -55,6 +57,8 @@ def artifact_name(given: str, torch_version: str, env: Mapping[str, str]) -> str
         f"torch{torch_version or 'default'}",
         f"attempt{env.get('GITHUB_RUN_ATTEMPT', '1')}",
     ]
+    if use > 1:
+        parts.append(f"use{use}")
     return _BAD_NAME_CHARS.sub("-", "-".join(parts))
 
 

@@ -4,8 +4,9 @@ for it: torch-free tests derive every good and bad artifact from it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import schema
@@ -13,6 +14,8 @@ from dcp_invariant.evidence import schema
 DATA_ARTIFACT = Path(__file__).parent / "data" / "artifact"
 
 Observations = dict[str, dict[str, Any]]
+# The ``rebuild`` fixture (conftest.py): an artifact built from mutated copies of the observations.
+Rebuild = Callable[[Callable[[Observations], None]], Path]
 
 
 def read_observations(directory: Path) -> Observations:
@@ -23,4 +26,4 @@ def read_observations(directory: Path) -> Observations:
 
 
 def read_provenance(directory: Path) -> dict[str, Any]:
-    return canonical.loads((directory / schema.PROVENANCE_FILE).read_bytes())
+    return cast(dict[str, Any], canonical.loads((directory / schema.PROVENANCE_FILE).read_bytes()))

@@ -18,12 +18,12 @@ from mlp_fixture import App
 SLEEP = "600"
 
 
-class LeavesADaemon(App):  # type: ignore[misc]
+class LeavesADaemon(App):
     """Starts a detached process in a session of its own at step ``$HOSTILE_DAEMON_STEP`` (the
     second by default), and forgets it."""
 
-    def step(self) -> Any:
-        loss = super().step()
+    def step(self) -> float:
+        loss: float = super().step()
         if self.cursor == int(os.environ.get("HOSTILE_DAEMON_STEP", "2")):
             subprocess.Popen(
                 ["sleep", SLEEP],
@@ -35,12 +35,12 @@ class LeavesADaemon(App):  # type: ignore[misc]
         return loss
 
 
-class DoubleForks(App):  # type: ignore[misc]
+class DoubleForks(App):
     """Daemonizes a forked copy of itself the classic way: fork, setsid, fork, parent exits."""
 
-    def step(self) -> Any:
-        loss = super().step()
-        if self.cursor == 2 and os.fork() == 0:
+    def step(self) -> float:
+        loss: float = super().step()
+        if sys.platform != "win32" and self.cursor == 2 and os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
                 os.execvp("sleep", ["sleep", SLEEP])
@@ -48,16 +48,17 @@ class DoubleForks(App):  # type: ignore[misc]
         return loss
 
 
-class ChangesDirectory(App):  # type: ignore[misc]
+class ChangesDirectory(App):
     """Moves into ``$HOSTILE_CHDIR`` in its constructor and at every step."""
 
     def __init__(self, rank: int, world_size: int) -> None:
         os.chdir(os.environ["HOSTILE_CHDIR"])
         super().__init__(rank, world_size)
 
-    def step(self) -> Any:
+    def step(self) -> float:
         os.chdir(os.environ["HOSTILE_CHDIR"])
-        return super().step()
+        loss: float = super().step()
+        return loss
 
     def state_dict(self) -> Any:
         os.chdir(os.environ["HOSTILE_CHDIR"])

@@ -26,9 +26,18 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from artifact_data import Observations, Rebuild
+from local_runner import (
+    Outcome,
+    Scope,
+    StepResult,
+    UnsupportedWorkflow,
+    load_yaml,
+    parse_command_file,
+)
 
 import dcp_invariant
 from dcp_invariant import plan, runtimes
@@ -134,83 +143,8 @@ exec "$real" "$@"
 """
 
 
-class UnsupportedExpression(AssertionError):
-    """action.yml uses an expression this harness does not model: extend it deliberately."""
-
-
 def load_action() -> dict[str, Any]:
-    # Imported here: ruamel.yaml comes with the `test` extra, which the live job lacks while
-    # still collecting this module.
-    from ruamel.yaml import YAML
-
-    return YAML(typ="safe").load(ACTION.read_text(encoding="utf-8"))
-
-
-# --- the expression subset -------------------------------------------------------------------
-
-
-@dataclass
-class Context:
-    inputs: dict[str, str]
-    sha: str
-    outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # step id -> outputs
-    outcomes: dict[str, str] = field(default_factory=dict)  # step id -> outcome
-    failed: bool = False  # has any step failed so far (what success() checks)
-
-    def value(self, expression: str) -> str:
-        expression = expression.strip()
-        if match := re.fullmatch(r"inputs\.([\w-]+)", expression):
-            if match[1] not in self.inputs:
-                raise UnsupportedExpression(f"undeclared input in {expression!r}")
-            return self.inputs[match[1]]
-        if expression == "github.sha":
-            return self.sha
-        if match := re.fullmatch(r"steps\.([\w-]+)\.outputs\.([\w-]+)", expression):
-            if match[1] not in self.outcomes:
-                raise UnsupportedExpression(f"{expression!r}: no earlier step has id {match[1]!r}")
-            # GitHub yields an empty string for an output the step did not set.
-            return self.outputs.get(match[1], {}).get(match[2], "")
-        if match := re.fullmatch(r"steps\.([\w-]+)\.outcome", expression):
-            if match[1] not in self.outcomes:
-                raise UnsupportedExpression(f"{expression!r}: no earlier step has id {match[1]!r}")
-            return self.outcomes[match[1]]
-        raise UnsupportedExpression(expression)
-
-    def substitute(self, text: str) -> str:
-        """Replace each ``${{ ... }}`` in a value (env:, with:, an input default)."""
-        if not isinstance(text, str):
-            raise UnsupportedExpression(f"non-string value {text!r}")
-        resolved = re.sub(r"\$\{\{(.*?)\}\}", lambda m: self.value(m[1]), text)
-        if "${{" in resolved:
-            raise UnsupportedExpression(text)
-        return resolved
-
-    def condition(self, text: str) -> bool:
-        """``if:`` as GitHub evaluates the forms action.yml uses; no ``if:`` is success()."""
-        text = text.strip()
-        if not text:
-            return not self.failed
-        if match := re.fullmatch(r"\$\{\{(.*)\}\}", text, re.DOTALL):
-            text = match[1].strip()
-        status_function = False
-        values = []
-        for term in (t.strip() for t in text.split("&&")):
-            if term in ("!cancelled()", "always()"):
-                # Nothing is cancelled in the simulation.
-                status_function = True
-                values.append(True)
-            elif match := re.fullmatch(r"(\S+)\s*(==|!=)\s*'([^']*)'", term):
-                if not match[1].startswith(("inputs.", "steps.")):
-                    raise UnsupportedExpression(term)
-                # GitHub compares strings ignoring case.
-                equal = self.value(match[1]).casefold() == match[3].casefold()
-                values.append(equal if match[2] == "==" else not equal)
-            else:
-                raise UnsupportedExpression(term)
-        if not status_function:
-            # Without a status function GitHub adds an implicit success(): no earlier failure.
-            values.append(not self.failed)
-        return all(values)
+    return cast(dict[str, Any], load_yaml(ACTION))
 
 
 # --- the runner ------------------------------------------------------------------------------
@@ -289,27 +223,6 @@ class ActionRun:
     @property
     def install(self) -> StepRun:
         return self.running("uv pip install")
-
-
-def parse_output_file(text: str) -> dict[str, str]:
-    """$GITHUB_OUTPUT: ``key=value`` lines and ``key<<DELIMITER`` blocks."""
-    values: dict[str, str] = {}
-    lines = iter(text.splitlines())
-    for line in lines:
-        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
-            key, delimiter = line.split("<<", 1)
-            body = []
-            for body_line in lines:
-                if body_line == delimiter:
-                    break
-                body.append(body_line)
-            else:
-                raise AssertionError(f"output {key}: no closing {delimiter!r}")
-            values[key] = "\n".join(body)
-        elif line:
-            key, value = line.split("=", 1)
-            values[key] = value
-    return values
 
 
 def read_log(path: Path) -> list[list[str]]:
@@ -407,11 +320,11 @@ def run_action(
     if externally_managed:
         env["DCP_TEST_EXTERNALLY_MANAGED"] = "1"
 
-    context = Context(inputs={}, sha=SHA)
+    context = Scope({"github": {"sha": SHA}})
     declared = action.get("inputs") or {}
     unknown = set(inputs) - set(declared)
     assert not unknown, f"action.yml declares no input {unknown}"
-    context.inputs = {
+    context.contexts["inputs"] = {
         name: inputs[name] if name in inputs else context.substitute(spec.get("default", ""))
         for name, spec in declared.items()
     }
@@ -420,14 +333,14 @@ def run_action(
     for index, step in enumerate(action["runs"]["steps"]):
         extra = set(step) - STEP_KEYS
         if extra:
-            raise UnsupportedExpression(f"step {index} uses keys the harness ignores: {extra}")
+            raise UnsupportedWorkflow(f"step {index} uses keys the harness ignores: {extra}")
         ran = run_step(index, step, context, env, workspace, files, stand_in_outputs)
         runs.append(ran)
         if ran.outcome == "failure":
             context.failed = True
         if "id" in step:
-            context.outcomes[step["id"]] = ran.outcome
-            context.outputs[step["id"]] = ran.outputs
+            outcome = cast(Outcome, ran.outcome)
+            context.steps[step["id"]] = StepResult(step["id"], outcome, outcome, ran.outputs)
 
     outputs = {
         name: context.substitute(spec["value"])
@@ -439,13 +352,13 @@ def run_action(
 def run_step(
     index: int,
     step: dict[str, Any],
-    context: Context,
+    context: Scope,
     runner_env: dict[str, str],
     workspace: Path,
     files: Path,
     stand_in_outputs: Mapping[str, dict[str, str]],
 ) -> StepRun:
-    if not context.condition(str(step.get("if", ""))):
+    if not context.condition(step.get("if")):
         return StepRun(index, step, "skipped")
     if "uses" in step:
         # Not executed; what it would have been given is kept for the tests, and it "outputs"
@@ -456,9 +369,9 @@ def run_step(
             index, step, "success", with_=with_, outputs=dict(stand_in_outputs.get(action, {}))
         )
     if step.get("shell") != "bash":
-        raise UnsupportedExpression(f"step {index}: the harness runs only shell: bash")
+        raise UnsupportedWorkflow(f"step {index}: the harness runs only shell: bash")
     if "${{" in step["run"]:
-        raise UnsupportedExpression(f"step {index}: an expression inside run:")
+        raise UnsupportedWorkflow(f"step {index}: an expression inside run:")
 
     # The runner gives every step fresh command files.
     command_files = {
@@ -493,7 +406,7 @@ def run_step(
         returncode=done.returncode,
         stdout=done.stdout,
         stderr=done.stderr,
-        outputs=parse_output_file(command_files["GITHUB_OUTPUT"].read_text(encoding="utf-8")),
+        outputs=parse_command_file(command_files["GITHUB_OUTPUT"].read_text(encoding="utf-8")),
         summary=command_files["GITHUB_STEP_SUMMARY"].read_text(encoding="utf-8"),
     )
 
@@ -512,55 +425,6 @@ def tamper(directory: Path) -> None:
     # What the integration job does: one byte appended to a hashed file.
     with open(directory / schema.SUMMARY_FILE, "ab") as f:
         f.write(b" ")
-
-
-# --- the harness itself ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("condition", "failed", "expected"),
-    [
-        ("", False, True),  # no if: is success()
-        ("", True, False),
-        ("inputs.upload == 'true'", False, True),
-        ("inputs.upload == 'TRUE'", False, True),
-        ("inputs.upload == 'true'", True, False),  # implicit success()
-        ("${{ !cancelled() && inputs.upload == 'true' }}", True, True),
-        ("always()", True, True),
-        ("inputs.retention-days != ''", False, False),
-        ("steps.install.outcome == 'success'", False, True),
-    ],
-)
-def test_condition_evaluator(condition: str, failed: bool, expected: bool) -> None:
-    context = Context({"upload": "true", "retention-days": ""}, SHA, failed=failed)
-    context.outcomes["install"] = "success"
-
-    assert context.condition(condition) is expected
-
-
-@pytest.mark.parametrize(
-    "condition",
-    [
-        "failure()",
-        "github.event_name == 'push'",
-        "inputs.upload || always()",
-        "steps.nope.outcome == 'x'",
-    ],
-)
-def test_condition_evaluator_refuses_what_it_does_not_model(condition: str) -> None:
-    context = Context({"upload": "true"}, SHA)
-
-    with pytest.raises(UnsupportedExpression):
-        context.condition(condition)
-
-
-def test_substitution_refuses_other_contexts() -> None:
-    context = Context({"upload": "true"}, SHA)
-
-    assert context.substitute("${{ inputs.upload }}-${{ github.sha }}") == f"true-{SHA}"
-    for text in ("${{ github.token }}", "${{ secrets.X }}", "${{ inputs.nope }}"):
-        with pytest.raises(UnsupportedExpression):
-            context.substitute(text)
 
 
 # --- the action ------------------------------------------------------------------------------
@@ -582,6 +446,8 @@ def test_passing_artifact(tmp_path: Path, data_artifact: Path) -> None:
     assert str(REPO) in args
     assert option(args, "--torch-backend") == "cpu"
     assert "--no-config" in args
+    # uv compiles no bytecode unless asked; every worker imports torch (see action.yml).
+    assert "--compile-bytecode" in args
 
     # The suite got the default output dir and the commit under test.
     assert len(run.suite_log) == 1
@@ -629,8 +495,8 @@ def test_passing_artifact(tmp_path: Path, data_artifact: Path) -> None:
     assert run.gate.outcome == "success"
 
 
-def test_failing_artifact(tmp_path: Path, rebuild: Callable) -> None:
-    def promote_the_corrupt_candidate(observations: dict) -> None:
+def test_failing_artifact(tmp_path: Path, rebuild: Rebuild) -> None:
+    def promote_the_corrupt_candidate(observations: Observations) -> None:
         observations["corrupt_shard"]["candidate"]["promoted"] = True
 
     failing = rebuild(promote_the_corrupt_candidate)
@@ -773,7 +639,7 @@ def test_empty_python_version_works_on_an_externally_managed_python(
 
     # The stand-in does refuse, so installing into the caller's Python would have failed here.
     refused = subprocess.run(
-        [BASH, str(tmp_path / "shim" / "python"), "-m", "pip", "install", "numpy==2.4.6"],
+        ["bash", str(tmp_path / "shim" / "python"), "-m", "pip", "install", "numpy==2.4.6"],
         env={
             **os.environ,
             "DCP_TEST_CALL_LOG": str(tmp_path / "files" / "refused.log"),
@@ -829,6 +695,11 @@ def test_a_second_use_in_a_job_gets_its_own_environment(
     # The first one's python-path output still names an environment nobody rewrote.
     assert native(run.outputs["python-path"]) == venv_python(run, 2)
     assert list((run.temp / "dcp-invariant-venv-1").iterdir()) == []
+    # Its upload must not collide with the first one's: upload-artifact refuses a used name.
+    (tmp_path / "first").mkdir()
+    first = run_action(tmp_path / "first", suite_artifact=data_artifact)
+    second = run.using("actions/upload-artifact").with_["name"]
+    assert second == first.using("actions/upload-artifact").with_["name"] + "-use2"
 
 
 # --- nothing to upload ------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from artifact_data import Observations, Rebuild
 
 from dcp_invariant import cli, plan
 from dcp_invariant.evidence import schema
@@ -106,9 +107,9 @@ def test_verify_lists_every_problem_of_a_tampered_artifact(
 
 
 def test_verify_fails_a_valid_artifact_with_a_failed_scenario(
-    rebuild: Callable, capsys: pytest.CaptureFixture[str]
+    rebuild: Rebuild, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def promote(observations: dict) -> None:
+    def promote(observations: Observations) -> None:
         observations["corrupt_shard"]["candidate"]["promoted"] = True
 
     directory = rebuild(promote)

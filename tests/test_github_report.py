@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from artifact_data import Observations, Rebuild
 
 from dcp_invariant import cli, github, plan
 from dcp_invariant.evidence import schema
@@ -37,7 +38,7 @@ def read_outputs(path: Path) -> dict[str, str]:
     return values
 
 
-def _fail_corrupt_shard(observations) -> None:
+def _fail_corrupt_shard(observations: Observations) -> None:
     observations["corrupt_shard"]["candidate"]["promoted"] = True
 
 
@@ -55,7 +56,7 @@ def test_a_passing_artifact_reports_pass_with_its_manifest_digest(data_artifact:
     }
 
 
-def test_a_failing_scenario_is_counted_and_its_reason_shown(rebuild) -> None:
+def test_a_failing_scenario_is_counted_and_its_reason_shown(rebuild: Rebuild) -> None:
     directory = rebuild(_fail_corrupt_shard)
     report = verify_artifact(directory)
     out = github.outputs(directory, report)
@@ -87,8 +88,8 @@ def test_a_missing_artifact_fails_with_no_manifest(tmp_path: Path) -> None:
     assert "did not write one" in github.summary(missing, None)
 
 
-def test_reasons_cannot_break_the_table_or_inject_markup(rebuild) -> None:
-    def hostile(observations) -> None:
+def test_reasons_cannot_break_the_table_or_inject_markup(rebuild: Rebuild) -> None:
+    def hostile(observations: Observations) -> None:
         observations["training_1_to_1"]["errors"] = ["a | b <script>x</script>\nnext " + "y" * 400]
 
     directory = rebuild(hostile)
@@ -123,6 +124,9 @@ def test_the_default_artifact_name_is_unique_per_matrix_job() -> None:
     assert github.artifact_name("", "2.11.0", {**env, "ImageOS": "win22"}) != name
     assert github.artifact_name("", "2.11.0", {**env, "RUNNER_ARCH": "ARM64"}) != name
     assert github.artifact_name("mine", "2.11.0", env) == "mine"
+    # A second use of the action in the job: a name of its own; the first keeps the plain one.
+    assert github.artifact_name("", "2.11.0", env, use=2) == f"{name}-use2"
+    assert github.artifact_name("", "2.11.0", env, use=1) == name
 
 
 def test_a_multiline_value_cannot_inject_another_output(tmp_path: Path) -> None:
@@ -132,7 +136,7 @@ def test_a_multiline_value_cannot_inject_another_output(tmp_path: Path) -> None:
 
 
 def test_the_cli_appends_to_the_runner_files_and_never_fails_the_step(
-    rebuild, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    rebuild: Rebuild, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory = rebuild(_fail_corrupt_shard)
     summary, output = tmp_path / "summary.md", tmp_path / "output"

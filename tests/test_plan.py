@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -96,7 +98,7 @@ def test_a_fixture_plan_derives_resumes_reshards_and_the_restart() -> None:
         (("m:f", (1,), True), "steps before the save: True"),
     ],
 )
-def test_a_plan_outside_the_grammar_is_refused(arguments: tuple, message: str) -> None:
+def test_a_plan_outside_the_grammar_is_refused(arguments: tuple[Any, ...], message: str) -> None:
     with pytest.raises(plan.PlanError, match=re.escape(message)):
         plan.fixture_plan(*arguments)
 
@@ -112,7 +114,9 @@ def test_a_plan_outside_the_grammar_is_refused(arguments: tuple, message: str) -
         (lambda r: r.update(steps_before=-1), "steps before the save: -1"),
     ],
 )
-def test_a_recorded_plan_is_held_to_the_grammar_and_to_its_scenarios(edit, message) -> None:
+def test_a_recorded_plan_is_held_to_the_grammar_and_to_its_scenarios(
+    edit: Callable[[dict[str, Any]], object], message: str
+) -> None:
     record = plan.fixture_plan("m:f", (1, 2)).to_record()
     edit(record)
     with pytest.raises(plan.PlanError, match=re.escape(message)):

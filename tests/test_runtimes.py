@@ -14,9 +14,9 @@ HERE = [r for r in runtimes.RUNTIMES if sys.platform in r.platforms]
 @pytest.mark.parametrize("registered", HERE, ids=lambda r: f"{r.distribution}/{r.torch}")
 def test_registered_pairs_are_found_and_required(registered: runtimes.Runtime) -> None:
     assert runtimes.find(registered.distribution, registered.torch, sys.platform) is registered
-    assert runtimes.require(registered.distribution, registered.torch) is None
+    runtimes.require(registered.distribution, registered.torch)  # raises if refused
     # Before torch is imported only the distribution can be checked; that check passes.
-    assert runtimes.require(registered.distribution) is None
+    runtimes.require(registered.distribution)
 
 
 def test_find_requires_the_exact_pair() -> None:

@@ -19,7 +19,7 @@ import sys
 import sysconfig
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -76,12 +76,12 @@ def load_yaml(path: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def action() -> dict[str, Any]:
-    return load_yaml(ACTION)
+    return cast(dict[str, Any], load_yaml(ACTION))
 
 
 @pytest.fixture(scope="module")
 def ci() -> dict[str, Any]:
-    return load_yaml(CI)
+    return cast(dict[str, Any], load_yaml(CI))
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def pyproject() -> dict[str, Any]:
 
 
 def action_steps(action: dict[str, Any]) -> list[dict[str, Any]]:
-    return action["runs"]["steps"]
+    return cast(list[dict[str, Any]], action["runs"]["steps"])
 
 
 def ci_steps(ci: dict[str, Any]) -> list[dict[str, Any]]:
@@ -401,7 +401,9 @@ def requirement_pin(requirements: list[str], name: str) -> str:
     return pins[0].replace(" ", "")
 
 
-def test_action_installs_the_runtime_pins(action: dict[str, Any], pyproject: dict) -> None:
+def test_action_installs_the_runtime_pins(
+    action: dict[str, Any], pyproject: dict[str, Any]
+) -> None:
     runtime = pyproject["project"]["optional-dependencies"]["runtime"]
     scripts = "\n".join(s.get("run", "") for s in action_steps(action))
 

@@ -94,6 +94,11 @@ class StartMethodError(ValueError):
     """DCP_INVARIANT_START_METHOD names no usable start method (bad input)."""
 
 
+def available_start_methods() -> tuple[str, ...]:
+    """The start methods of START_METHODS this platform has: Windows has only spawn."""
+    return tuple(m for m in START_METHODS if m in multiprocessing.get_all_start_methods())
+
+
 def start_method() -> str:
     """The fork server on Linux, spawned standbys elsewhere; ``DCP_INVARIANT_START_METHOD`` forces one."""
     forced = os.environ.get(START_METHOD_ENV, "")
@@ -102,7 +107,7 @@ def start_method() -> str:
             raise StartMethodError(
                 f"{START_METHOD_ENV}={forced!r}: use one of {', '.join(START_METHODS)} or unset it"
             )
-        if forced not in multiprocessing.get_all_start_methods():
+        if forced not in available_start_methods():
             raise StartMethodError(f"{START_METHOD_ENV}={forced!r}: this platform has no {forced}")
         return forced
     return "forkserver" if sys.platform == "linux" else "spawn"

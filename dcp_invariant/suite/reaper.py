@@ -165,6 +165,8 @@ def kill_all(find: Callable[[], list[int]], seconds: float = SWEEP_SECONDS) -> l
     Returns each process killed, described before the kill. A zombie whose parent is gone is
     reaped by init; one whose parent is this process is reaped here.
     """
+    if sys.platform == "win32":
+        return []  # every finder here reads /proc, which Windows lacks (as it lacks SIGKILL)
     killed: dict[int, Straggler] = {}
     deadline = time.monotonic() + seconds
     while True:

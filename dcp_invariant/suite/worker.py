@@ -324,9 +324,7 @@ def leave_terminal_session() -> None:
     if hasattr(os, "setsid"):
         with contextlib.suppress(PermissionError):
             os.setsid()
-    if hasattr(signal, "pthread_sigmask") and signal.SIGINT in signal.pthread_sigmask(
-        signal.SIG_BLOCK, []
-    ):
+    if sys.platform != "win32" and signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, previous)
@@ -339,7 +337,7 @@ def interrupts_held() -> Iterator[None]:
     still starting up, importing torch before it could leave that group, would print a
     KeyboardInterrupt traceback to the user's terminal. Only this thread's mask changes; the
     runner's main thread still takes the Ctrl-C."""
-    if not hasattr(signal, "pthread_sigmask"):
+    if sys.platform == "win32":  # no pthread_sigmask
         yield
         return
     saved = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

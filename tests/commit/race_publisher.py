@@ -55,7 +55,7 @@ def publish(root: str, label: str, role: str, sync: Path, seconds: float) -> dic
                 (sync / "second-blocked").touch()
             return taken
 
-        lock.try_lock = try_lock  # type: ignore[assignment]
+        lock.try_lock = try_lock
     try:
         generation = store.promote(label)
     except StaleParent as exc:

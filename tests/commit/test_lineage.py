@@ -6,7 +6,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from commit_helpers import Crash, commit, temporaries, write_candidate
@@ -100,7 +100,7 @@ def test_a_candidate_sealed_before_another_promotion_is_refused_as_stale(
     assert "\n" not in message
     assert "stale parent" in message
     assert (sha(published) or "")[:12] in message
-    assert (sha(parent)[:12] if parent else "none (empty store)") in message
+    assert (hashlib.sha256(parent).hexdigest()[:12] if parent else "none (empty store)") in message
     # The pointer is the winner's, at exactly parent + 1; the loser's generation is on disk,
     # complete and read-only, but not selected.
     assert store.pointer_bytes() == published
@@ -227,7 +227,7 @@ GOOD = Lineage("b" * 64, "step-2", PARENT, 5)
 
 
 def good_record() -> dict[str, Any]:
-    return canonical.loads(GOOD.encode())
+    return cast(dict[str, Any], canonical.loads(GOOD.encode()))
 
 
 MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [

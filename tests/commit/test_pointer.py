@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from dcp_invariant import canonical
-from dcp_invariant.commit import pointer
-from dcp_invariant.commit.pointer import Pointer, PointerError
+from dcp_invariant.commit import PointerError, pointer
+from dcp_invariant.commit.pointer import Pointer
 
 OLD = Pointer("step-1", "a" * 64, 1)
 NEW = Pointer("step-2", "b" * 64, 2)
@@ -58,7 +58,7 @@ def test_read_of_a_corrupt_file_raises(tmp_path: Path) -> None:
 
 
 def good_record() -> dict[str, Any]:
-    return canonical.loads(OLD.encode())
+    return cast(dict[str, Any], canonical.loads(OLD.encode()))
 
 
 MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None]]] = [

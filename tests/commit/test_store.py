@@ -17,9 +17,15 @@ from commit_helpers import (
     write_candidate,
 )
 
-from dcp_invariant.commit import pointer
-from dcp_invariant.commit.receipt import Failure, ReceiptMismatch
-from dcp_invariant.commit.store import CheckpointStore, Generation, PromotionRefused, StoreError
+from dcp_invariant.commit import (
+    CheckpointStore,
+    Failure,
+    Generation,
+    PromotionRefused,
+    ReceiptMismatch,
+    StoreError,
+    pointer,
+)
 
 
 @pytest.fixture
@@ -289,6 +295,7 @@ def test_resolve_refuses_a_pointer_whose_label_disagrees_with_the_receipt(
 ) -> None:
     generation = commit(store, "step-1")
     current = store.read_pointer()
+    assert current is not None
     pointer.write(
         store.pointer_path, pointer.Pointer("step-9", generation.digest, current.sequence)
     )

@@ -60,9 +60,9 @@ def test_junit_failures_carry_the_reasons(two_failures: Results) -> None:
     root = ET.fromstring(junit.render(two_failures))
 
     failures = {
-        c.get("name"): c.find("failure")
+        c.get("name", ""): failure
         for c in root.iter("testcase")
-        if c.find("failure") is not None
+        if (failure := c.find("failure")) is not None
     }
     assert set(failures) == {"dtensor_2_to_1", "corrupt_shard"}
     for name, failure in failures.items():

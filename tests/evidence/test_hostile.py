@@ -24,9 +24,11 @@ from mutation_walk import DATA, read_artifact
 from dcp_invariant import canonical, cli, github
 from dcp_invariant.evidence import manifest, schema
 from dcp_invariant.evidence.free_fields import free_field
-from dcp_invariant.evidence.verify import _MAX_ENTRIES, verify_files
+from dcp_invariant.evidence.verify import _MAX_ENTRIES, Report, verify_files
 
 ARTIFACT = DATA / "artifact"
+# Where a value sits in a JSON record: its keys and list indices from the top.
+JSONPath = tuple[str | int, ...]
 FILES = read_artifact(ARTIFACT)
 JSON_FILES = sorted(rel for rel in FILES if rel.endswith(".json"))
 # Bounded and repeatable: no example database; Hypothesis's own caches go to .hypothesis/,
@@ -40,7 +42,7 @@ FUZZ = settings(
 )
 
 
-def _said(report) -> list[str]:  # type: ignore[no-untyped-def]
+def _said(report: Report) -> list[str]:
     return report.problems + [
         r
         for result in report.results.values()
@@ -209,10 +211,10 @@ _NAMES = st.one_of(
     removed=st.sets(st.sampled_from(sorted(FILES)), max_size=3), added=st.lists(_NAMES, max_size=3)
 )
 def test_removed_and_added_files_are_each_named(
-    workspace: Path, removed: set[str], added: list
-) -> None:  # type: ignore[type-arg]
+    workspace: Path, removed: set[str], added: list[str | bytes]
+) -> None:
     assume(removed or added)
-    named = set()
+    named: set[str] = set()
     try:
         for rel in removed:
             (workspace / rel).unlink()
@@ -239,7 +241,7 @@ def test_removed_and_added_files_are_each_named(
         assert any(name in p for p in report.problems), (name, report.problems)
 
 
-def _leaves(value, path=()):  # type: ignore[no-untyped-def]
+def _leaves(value: object, path: JSONPath = ()) -> Iterator[JSONPath]:
     if isinstance(value, dict):
         for key in sorted(value):
             yield from _leaves(value[key], (*path, key))
@@ -262,7 +264,9 @@ _JSON = st.recursive(
 
 @FUZZ
 @given(leaf=st.sampled_from(LEAVES), value=_JSON)
-def test_any_leaf_replaced_and_resealed_is_refused_unless_free(leaf, value) -> None:  # type: ignore[no-untyped-def]
+def test_any_leaf_replaced_and_resealed_is_refused_unless_free(
+    leaf: tuple[str, JSONPath], value: object
+) -> None:
     rel, path = leaf
     record = canonical.loads(FILES[rel])
     parent = record
@@ -282,7 +286,7 @@ def test_any_leaf_replaced_and_resealed_is_refused_unless_free(leaf, value) -> N
         assert _said(report)
 
 
-def _reencode(value, how: str) -> bytes:  # type: ignore[no-untyped-def]
+def _reencode(value: object, how: str) -> bytes:
     if how == "unsorted":
         return (json.dumps(value, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
     if how == "indented":
@@ -292,7 +296,7 @@ def _reencode(value, how: str) -> bytes:  # type: ignore[no-untyped-def]
     raise AssertionError(how)
 
 
-def _reversed_keys(value):  # type: ignore[no-untyped-def]
+def _reversed_keys(value: object) -> object:
     if isinstance(value, dict):
         return {k: _reversed_keys(value[k]) for k in sorted(value, reverse=True)}
     if isinstance(value, list):

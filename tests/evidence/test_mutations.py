@@ -85,7 +85,7 @@ def unchanged_files_parsed_once() -> Iterator[None]:
     try:
         yield
     finally:
-        verify._load, observation.validate = load, validate  # type: ignore[assignment]
+        verify._load, observation.validate = load, validate
 
 
 @functools.cache

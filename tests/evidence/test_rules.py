@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from artifact_data import DATA_ARTIFACT, read_observations
@@ -52,7 +52,7 @@ def setter(*path: Any, value: Any) -> Callable[[Obs], None]:
 
 
 def last_target(obs: Obs) -> Obs:
-    return obs["target"]["ranks"][-1]
+    return cast(Obs, obs["target"]["ranks"][-1])
 
 
 def _on_last_target(change: Callable[[Obs], None]) -> Callable[[Obs], None]:

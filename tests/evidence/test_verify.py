@@ -14,9 +14,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
-from artifact_data import read_observations
+from artifact_data import Observations, Rebuild, read_observations
 from forge import reaggregate
 
 from dcp_invariant import canonical, plan
@@ -39,15 +40,15 @@ def reseal(directory: Path) -> None:
     (directory / schema.MANIFEST_FILE).write_bytes(manifest.render(files))
 
 
-def load(directory: Path, rel: str) -> dict:
-    return canonical.loads((directory / rel).read_bytes())
+def load(directory: Path, rel: str) -> dict[str, Any]:
+    return cast(dict[str, Any], canonical.loads((directory / rel).read_bytes()))
 
 
-def store(directory: Path, rel: str, value: dict) -> None:
+def store(directory: Path, rel: str, value: dict[str, Any]) -> None:
     (directory / rel).write_bytes(canonical.dumps(value))
 
 
-def edit(rel: str, change: Callable[[dict], None]) -> Callable[[Path], None]:
+def edit(rel: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
     """A mutation that rewrites ``rel`` canonically after ``change``."""
 
     def mutate(directory: Path) -> None:
@@ -123,17 +124,17 @@ def _corrupt_digest_of(rel: str) -> Callable[[list[str]], list[str]]:
     return change
 
 
-def _flip_verdict(result: dict) -> None:
+def _flip_verdict(result: dict[str, Any]) -> None:
     result["verdict"] = "fail"
 
 
-def _summary_claims_a_failure(summary: dict) -> None:
+def _summary_claims_a_failure(summary: dict[str, Any]) -> None:
     summary["passed"] -= 1
     summary["failed"] += 1
 
 
-def _set(path: tuple, value: object) -> Callable[[dict], None]:
-    def change(record: dict) -> None:
+def _set(path: tuple[str, ...], value: object) -> Callable[[dict[str, Any]], None]:
+    def change(record: dict[str, Any]) -> None:
         target = record
         for key in path[:-1]:
             target = target[key]
@@ -422,13 +423,13 @@ def test_untouched_artifact_is_valid_and_passed(data_artifact: Path) -> None:
     }
 
 
-def _break_rng(obs: dict) -> None:
+def _break_rng(obs: dict[str, Any]) -> None:
     digests = obs["target"]["ranks"][-1]["loaded"]
     digests["rng"] = "0" * 64
     reaggregate(digests)
 
 
-def _promote_candidate(obs: dict) -> None:
+def _promote_candidate(obs: dict[str, Any]) -> None:
     obs["candidate"]["promoted"] = True
 
 
@@ -441,9 +442,9 @@ def _promote_candidate(obs: dict) -> None:
     ],
 )
 def test_rebuilt_artifact_with_a_failing_observation_is_valid_but_not_passed(
-    rebuild: Callable, name: str, mutate: Callable[[dict], None], text: str
+    rebuild: Rebuild, name: str, mutate: Callable[[dict[str, Any]], None], text: str
 ) -> None:
-    def mutate_all(observations: dict) -> None:
+    def mutate_all(observations: Observations) -> None:
         mutate(observations[name])
 
     directory = rebuild(mutate_all)

@@ -29,6 +29,9 @@ TESTS = Path(__file__).resolve().parent.parent
 REPOSITORY = TESTS.parent
 CLI_TIMEOUT = 600
 
+# The example's artifact directory and the CLI run that wrote it.
+ExampleRun = tuple[Path, subprocess.CompletedProcess[str]]
+
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The installed console script, as a user runs it: the fixture is found from ``cwd``."""
@@ -86,7 +89,7 @@ def derive(
 @pytest.fixture(scope="module")
 def example_run(
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, subprocess.CompletedProcess[str]]:
+) -> ExampleRun:
     out = tmp_path_factory.mktemp("example")  # an existing empty directory, as `mktemp -d` gives
     proc = run_cli(
         "run",
@@ -101,7 +104,9 @@ def example_run(
     return out, proc
 
 
-def test_the_example_fixture_holds_at_every_world_size(example_run) -> None:
+def test_the_example_fixture_holds_at_every_world_size(
+    example_run: ExampleRun,
+) -> None:
     out, proc = example_run
     assert proc.returncode == 0, proc.stderr
     names = [
@@ -131,7 +136,9 @@ def test_the_example_fixture_holds_at_every_world_size(example_run) -> None:
     assert files == list(schema.artifact_files(names))
 
 
-def test_the_example_artifact_verifies_offline_and_records_every_key(example_run) -> None:
+def test_the_example_artifact_verifies_offline_and_records_every_key(
+    example_run: ExampleRun,
+) -> None:
     out, _ = example_run
     report = verify_artifact(out)
     assert report.valid and report.passed, report.problems
@@ -177,7 +184,9 @@ def test_an_optimizer_loaded_the_naive_way_is_named_with_the_fix() -> None:
         ("scheduler_outside_state", "app.optim.param_groups.0.lr"),
     ],
 )
-def test_state_outside_state_dict_is_the_cause_when_loaded_equals_saved(fixture, named) -> None:
+def test_state_outside_state_dict_is_the_cause_when_loaded_equals_saved(
+    fixture: str, named: str
+) -> None:
     reasons = derive(fixture, ["resume_1"])["resume_1"]
     outside = [r for r in reasons if r.startswith("state outside state_dict(): rank 0")]
     assert outside, reasons
@@ -245,7 +254,9 @@ def test_async_saves_hold_the_state_at_the_save_while_the_next_step_runs() -> No
         assert staged == [name.startswith("async_staged")] * 2
 
 
-def test_a_save_that_reads_the_tensors_late_is_caught_naming_the_keys(monkeypatch) -> None:
+def test_a_save_that_reads_the_tensors_late_is_caught_naming_the_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The tool's own test hook: stage by reference, so the write sees step N+1's tensors.
     monkeypatch.setenv("DCP_INVARIANT_TEST_STAGER", "lazy")
     reasons = derive("correct", ["async_resume_1"])["async_resume_1"]
@@ -304,7 +315,9 @@ def test_a_correct_loop_holds_at_world_sizes_one_two_and_four() -> None:
         ),
     ],
 )
-def test_a_fixture_outside_the_interface_is_one_line_and_exit_2(tmp_path, fixture, message) -> None:
+def test_a_fixture_outside_the_interface_is_one_line_and_exit_2(
+    tmp_path: Path, fixture: str, message: str
+) -> None:
     out = tmp_path / "out"
     proc = run_cli("run", "--fixture", fixture, "--output-dir", str(out), cwd=TESTS)
     assert proc.returncode == 2, proc.stderr
@@ -333,7 +346,7 @@ def test_a_fixture_outside_the_interface_is_one_line_and_exit_2(tmp_path, fixtur
     ids=["syntax-error", "missing-dependency", "raises-at-import"],
 )
 def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(
-    tmp_path, source, line, message
+    tmp_path: Path, source: str, line: int, message: str
 ) -> None:
     (tmp_path / "broken_fixture.py").write_text(source)
     out = tmp_path / "out"
@@ -347,7 +360,7 @@ def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(
     assert not out.exists()
 
 
-def test_a_non_finite_loss_after_the_probe_is_a_classified_failure(tmp_path) -> None:
+def test_a_non_finite_loss_after_the_probe_is_a_classified_failure(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_fixture("fixture_loops:nan_at_step_5", out)
     assert proc.returncode == 1, proc.stderr
@@ -379,7 +392,7 @@ def test_quantized_and_strided_views_resume_exactly_and_a_lost_scale_is_caught()
     assert reasons[0].startswith("did not round-trip through DCP: rank 0: app.extra.value"), reasons
 
 
-def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path) -> None:
+def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path: Path) -> None:
     proc = run_fixture("fixture_loops:raises_in_step", tmp_path / "out")
     assert proc.returncode == 1, proc.stderr
     assert "ValueError: boom from the fixture" in proc.stderr
@@ -389,7 +402,7 @@ def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path) -> None:
     assert verify_artifact(tmp_path / "out").valid
 
 
-def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_path) -> None:
+def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_path: Path) -> None:
     proc = run_fixture("fixture_loops:hangs", tmp_path / "out", "--timeout", "15")
     assert proc.returncode == 1, proc.stderr
     assert "uninterrupted run (reference): timed out and was killed" in proc.stderr
@@ -397,7 +410,9 @@ def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_pat
     assert (summary["passed"], summary["failed"]) == (0, 4)  # resume_1 and the async resumes
 
 
-def test_checked_in_fixture_artifact_still_matches_a_fresh_run(example_run) -> None:
+def test_checked_in_fixture_artifact_still_matches_a_fresh_run(
+    example_run: ExampleRun,
+) -> None:
     """tests/data/fixture-artifact feeds the torch-free tests; it must stay what a run writes."""
     out, proc = example_run
     assert proc.returncode == 0, proc.stderr

@@ -73,7 +73,9 @@ def _environ(entry: Path) -> bytes:
 
 @linux_only
 @pytest.mark.parametrize("fixture", ["leaves_a_daemon", "double_forks"])
-def test_a_child_left_behind_is_killed_with_its_group_and_named(tmp_path, fixture) -> None:
+def test_a_child_left_behind_is_killed_with_its_group_and_named(
+    tmp_path: Path, fixture: str
+) -> None:
     proc = run(tmp_path, f"hostile_loops:{fixture}")
     assert proc.returncode == 0, proc.stderr  # a leftover is a warning, not a failed resume
     # Every group that reached the second step left one; each is named once it ended.
@@ -94,7 +96,7 @@ def test_a_child_left_behind_is_killed_with_its_group_and_named(tmp_path, fixtur
 
 
 @linux_only
-def test_what_torchruns_ranks_leave_behind_is_named_too(tmp_path) -> None:
+def test_what_torchruns_ranks_leave_behind_is_named_too(tmp_path: Path) -> None:
     """The elastic scenario's ranks are torchrun's, in sessions of their own: at step 4 the
     restarted job's ranks each leave a child, which the run names under the job."""
     proc = run(tmp_path, "hostile_loops:leaves_a_daemon", world_sizes="2", HOSTILE_DAEMON_STEP="4")
@@ -106,7 +108,7 @@ def test_what_torchruns_ranks_leave_behind_is_named_too(tmp_path) -> None:
     assert verify_artifact(out).passed
 
 
-def test_the_example_leaves_nothing_to_warn_about(tmp_path) -> None:
+def test_the_example_leaves_nothing_to_warn_about(tmp_path: Path) -> None:
     """No false warning: DataLoader-style and checkpoint processes multiprocessing ends itself
     (async_save's process mode) are not a loop's leftovers."""
     proc = run(tmp_path, "mlp_fixture:fixture", cwd=TESTS.parent / "examples")
@@ -114,7 +116,9 @@ def test_the_example_leaves_nothing_to_warn_about(tmp_path) -> None:
     assert "warning" not in proc.stderr
 
 
-def test_a_loop_that_changes_directory_still_resumes_and_writes_nothing_there(tmp_path) -> None:
+def test_a_loop_that_changes_directory_still_resumes_and_writes_nothing_there(
+    tmp_path: Path,
+) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = run(tmp_path, "hostile_loops:changes_directory", HOSTILE_CHDIR=str(elsewhere))

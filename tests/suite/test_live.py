@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,9 @@ def live_artifact(live_run: tuple[Path, subprocess.CompletedProcess[str]]) -> Pa
     return out
 
 
-def test_all_eleven_scenarios_pass_and_report_progress(live_run) -> None:
+def test_all_eleven_scenarios_pass_and_report_progress(
+    live_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
     out, proc = live_run
     assert proc.returncode == 0, proc.stderr
     summary = canonical.loads((out / schema.SUMMARY_FILE).read_bytes())
@@ -119,7 +122,7 @@ def test_a_second_run_with_spawned_workers_gives_byte_identical_evidence(
         assert (second / rel).read_bytes() == (live_artifact / rel).read_bytes(), rel
 
 
-@pytest.mark.parametrize("start_method", pool.START_METHODS)
+@pytest.mark.parametrize("start_method", pool.available_start_methods())
 def test_a_worker_that_cannot_import_numpy_stops_the_run_before_any_scenario(
     tmp_path: Path, start_method: str
 ) -> None:
@@ -174,7 +177,7 @@ def test_elastic_restart_is_observed_as_torchrun_reported_it(live_artifact: Path
 
 
 @pytest.fixture
-def no_leftovers():
+def no_leftovers() -> Iterator[None]:
     """Fails a test that leaves a child process or a workspace behind."""
     before = _temp_entries()
     yield
@@ -200,8 +203,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _run(names: list[str], fixture: str | None = None) -> dict[str, list[str]]:
-    kwargs = {} if fixture is None else {"fixture": fixture}
-    suite = runner.run_suite(names=names, **kwargs)
+    suite = runner.run_suite(names=names, fixture=fixture)
     return {name: rules.derive(name, obs) for name, obs in suite.observations.items()}
 
 
@@ -214,8 +216,8 @@ def _run(names: list[str], fixture: str | None = None) -> dict[str, list[str]]:
     ],
 )
 def test_a_resume_bug_fails_the_training_verdict_naming_its_component(
-    no_leftovers, fixture, component
-):
+    no_leftovers: None, fixture: str, component: str
+) -> None:
     reasons = _run(["training_1_to_2"], fixture)["training_1_to_2"]
     after_load = [r for r in reasons if "after load" in r]
     assert after_load, reasons
@@ -223,14 +225,16 @@ def test_a_resume_bug_fails_the_training_verdict_naming_its_component(
     assert any("resumed step" in r or "after the resumed step" in r for r in reasons), reasons
 
 
-def test_a_resume_bug_fails_the_elastic_verdict_too(no_leftovers):
+def test_a_resume_bug_fails_the_elastic_verdict_too(no_leftovers: None) -> None:
     reasons = _run(["elastic_restart_2_to_2"], "fixture_variants:rng_not_restored")[
         "elastic_restart_2_to_2"
     ]
     assert any("restarted rank" in r and "component 'rng'" in r for r in reasons), reasons
 
 
-def test_promotion_without_verification_fails_the_damage_verdicts(no_leftovers, monkeypatch):
+def test_promotion_without_verification_fails_the_damage_verdicts(
+    no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A protocol that trusts its receipt without re-reading the files: what the rules must catch.
     monkeypatch.setattr("dcp_invariant.commit.receipt.check", lambda directory, receipt: [])
     names = ["missing_metadata", "missing_shard", "corrupt_shard"]
@@ -239,13 +243,15 @@ def test_promotion_without_verification_fails_the_damage_verdicts(no_leftovers, 
         assert any("the pointer moved" in r for r in reasons), (name, reasons)
 
 
-def test_sealing_an_unfinished_save_fails_the_rank_exit_verdict(no_leftovers, monkeypatch):
+def test_sealing_an_unfinished_save_fails_the_rank_exit_verdict(
+    no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Without the .metadata requirement, a crashed writer's candidate would be sealed.
     from dcp_invariant.commit import receipt
 
     real_seal = receipt.seal
 
-    def seal_anything(directory, label):
+    def seal_anything(directory: Path, label: str) -> receipt.Receipt:
         (directory / receipt.METADATA_FILE).write_bytes(b"")
         return real_seal(directory, label)
 
@@ -305,20 +311,22 @@ def _guarded(tmp_path: Path, patch: str) -> subprocess.CompletedProcess[str]:
     ],
     ids=["wrong-digest", "unregistered-runtime", "patched-tcpstore"],
 )
-def test_guard_refusal_stops_torchrun_before_any_worker(tmp_path, patch, message):
+def test_guard_refusal_stops_torchrun_before_any_worker(
+    tmp_path: Path, patch: str, message: str
+) -> None:
     proc = _guarded(tmp_path, patch)
     assert proc.returncode == 3, proc.stderr
     assert "torchrun guard refused to start" in proc.stderr and message in proc.stderr
     assert not (tmp_path / "worker-ran").exists()
 
 
-def test_guarded_launch_runs_torchrun_when_the_runtime_is_registered(tmp_path):
+def test_guarded_launch_runs_torchrun_when_the_runtime_is_registered(tmp_path: Path) -> None:
     proc = _guarded(tmp_path, "")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "worker-ran").exists()
 
 
-def test_guarded_store_serves_only_create_tcp_store():
+def test_guarded_store_serves_only_create_tcp_store() -> None:
     code = (
         "from dcp_invariant.suite.torchrun import guard\n"
         "from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as b\n"

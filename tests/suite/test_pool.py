@@ -18,7 +18,7 @@ from dcp_invariant.suite import pool
 pytestmark = pytest.mark.live
 
 
-@pytest.fixture(params=pool.START_METHODS)
+@pytest.fixture(params=pool.available_start_methods())
 def started(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[pool.WorkerPool]:
     workers = pool.WorkerPool(timeout=120, method=request.param)
     workers.start(tmp_path / "server")

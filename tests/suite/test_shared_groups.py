@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,9 @@ def test_an_interrupted_group_interrupts_every_scenario_waiting_for_it(tmp_path:
     assert not (b / "ckpt").exists()
 
 
-def test_a_full_disk_while_copying_keeps_its_errno(tmp_path: Path, monkeypatch) -> None:
+def test_a_full_disk_while_copying_keeps_its_errno(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The runner stops on ENOSPC (exit 2) only if the copy's error still carries it."""
     shared = SharedGroups(tmp_path / "shared", "ckpt")
     a, b = scenario_dirs(tmp_path, 2)
@@ -136,7 +139,7 @@ def test_a_full_disk_while_copying_keeps_its_errno(tmp_path: Path, monkeypatch) 
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shared_groups.shutil, "copy2", full)
+    monkeypatch.setattr(shutil, "copy2", full)
     with pytest.raises(OSError) as raised:
         shared.run(pool, "tasks:train", 2, b, "source", {})  # type: ignore[arg-type]
     assert raised.value.errno == errno.ENOSPC

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,9 @@ from dcp_invariant.suite.scenarios.common import ScenarioContext
 
 
 def test_a_workspace_is_locked_while_used_and_swept_only_once_its_owner_is_gone(
-    tmp_path, monkeypatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workspace.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with workspace.Workspace() as path:
         assert path.parent == tmp_path and path.name.startswith(workspace.PREFIX)
         assert workspace.sweep_stale(tmp_path) == []  # locked by us: alive
@@ -39,7 +40,7 @@ def test_a_missing_module_is_named_not_blamed_on_torch() -> None:
     assert "a worker could not import numpy" in str(runner.WorkerStartError([1], logs))
 
 
-def test_a_full_workspace_stops_the_run_instead_of_failing_the_scenario(tmp_path) -> None:
+def test_a_full_workspace_stops_the_run_instead_of_failing_the_scenario(tmp_path: Path) -> None:
     ctx = ScenarioContext(plan.SCENARIOS[0], None, tmp_path, plan.REGISTERED_FIXTURE)  # type: ignore[arg-type]
     obs = ctx.begin()
     with (
@@ -52,7 +53,7 @@ def test_a_full_workspace_stops_the_run_instead_of_failing_the_scenario(tmp_path
     assert obs["errors"] == ["the driver stopped on FileNotFoundError"]
 
 
-def test_a_worker_that_ran_out_of_space_stops_the_run(tmp_path) -> None:
+def test_a_worker_that_ran_out_of_space_stops_the_run(tmp_path: Path) -> None:
     log = tmp_path / "source-rank0.log"
     log.write_text("OSError: [Errno 28] No space left on device: 'ckpt/x'\n")
     ctx = ScenarioContext(plan.SCENARIOS[0], None, tmp_path, plan.REGISTERED_FIXTURE)  # type: ignore[arg-type]
@@ -67,9 +68,9 @@ def test_too_little_free_space_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_workspace_that_cannot_be_removed_does_not_lose_the_run(
-    tmp_path, monkeypatch, capsys
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(workspace.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def refuse(path: Path) -> None:
         raise PermissionError(13, "The process cannot access the file", str(path))

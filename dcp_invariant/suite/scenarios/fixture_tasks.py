@@ -142,7 +142,7 @@ def fixture_train(rank: int, world_size: int, payload: dict[str, Any], report: R
         _stop_if_not_finite(loss, f"step {n + step}")
 
 
-class _GatedWriter(FileSystemWriter):
+class _GatedWriter(FileSystemWriter):  # type: ignore[misc]  # torch is Any to mypy (pyproject.toml)
     """Writes nothing until the gate file exists: the next step certainly overlaps the save."""
 
     def __init__(self, path: str, gate: Path, timeout: float) -> None:
@@ -241,7 +241,16 @@ def _save_while_stepping(
     stager = _stager(mode)
     kind = AsyncCheckpointerType.THREAD
     if mode == "process":
-        _loopback_store_for_checkpoint_process(group, rank)
+        if sys.platform != "win32":
+            # Not on Windows: its torch is built without libuv, and any TCPStore made with the
+            # binding's default use_libuv=True fails there ("use_libuv was requested but PyTorch
+            # was built without libuv support", torch/csrc/distributed/c10d/TCPStore.cpp), as
+            # torch's own client under DCP_USE_PREFIX_STORE=1 is
+            # (torch/distributed/checkpoint/_async_process_executor.py). Without the prefix
+            # store the checkpoint process rendezvouses through env://, which torch keeps off
+            # libuv on Windows (_get_use_libuv_from_query_dict in
+            # torch/distributed/rendezvous.py); its store then listens as torch binds it.
+            _loopback_store_for_checkpoint_process(group, rank)
         kind = AsyncCheckpointerType.PROCESS
     response = async_save(
         {"app": app},

@@ -31,7 +31,7 @@ DTENSOR_SHAPE = plan.DTENSOR.shape
 DTENSOR_PLACEMENTS = {"Shard(0)": [Shard(0)]}[plan.DTENSOR.placement]
 
 
-class _CrashingWriter(FileSystemWriter):
+class _CrashingWriter(FileSystemWriter):  # type: ignore[misc]  # torch is Any to mypy (pyproject.toml)
     """A writer whose chosen rank dies after writing its shard and before the commit marker."""
 
     def __init__(self, path: str, crash_rank: int, exit_code: int) -> None:

@@ -35,9 +35,12 @@ def main(argv: list[str]) -> int:
                 canonical.dumps({"attempt": attempt, "exit_code": code, "rank": rank})
             )
             os._exit(code)
-        # The agent stops this rank when it sees the other one fail; where it cannot (on Windows
-        # its CTRL_C_EVENT does not reach another process group: torch/distributed/elastic/
-        # multiprocessing/api.py), the rank leaves on its own once the failure marker exists.
+        # The agent stops this rank when it sees the other one fail: it sends SIGTERM
+        # (LocalElasticAgent._shutdown in torch/distributed/elastic/agent/server/
+        # local_elastic_agent.py), which on Windows is TerminateProcess, and only after 30 s its
+        # kill signal (CTRL_C_EVENT there: _get_kill_signal in torch/distributed/elastic/
+        # multiprocessing/api.py). Should neither land, the rank leaves on its own once the
+        # failure marker exists, so a restart never waits on it.
         deadline = time.monotonic() + payload["timeout"]
         while time.monotonic() < deadline and not Path(MARKER_FILE).exists():
             time.sleep(0.1)
