@@ -345,7 +345,12 @@ def fresh_python(version: str, destination: Path, *, externally_managed: bool = 
             (destination / "lib" / entry.name).symlink_to(entry)
     (lib / "site-packages").mkdir()
     interpreter = destination / "bin" / stdlib
-    shutil.copy2(prefix / "bin" / stdlib, interpreter)
+    # Copied by cp, not by this process: jobs run in threads, and a child forked by another
+    # thread while this process held the copy open for writing would keep that descriptor, so
+    # running the copy would fail with ETXTBSY ("Text file busy").
+    subprocess.run(
+        ["cp", "-p", str(prefix / "bin" / stdlib), str(interpreter)], timeout=60, check=True
+    )
     for alias in ("python3", "python"):
         (destination / "bin" / alias).symlink_to(stdlib)
     subprocess.run(

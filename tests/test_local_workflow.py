@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -94,17 +95,28 @@ def workflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         live = [i for i, j in enumerate(jobs) if j.on_linux and _runs_live_tests(j)]
         rest = [i for i in range(len(jobs)) if i not in live]
         results: dict[int, Any] = {}
+
+        def run(i: int) -> Any:
+            # A job the runner could not run fails that job's test alone.
+            try:
+                return runner.run(jobs[i], _why_not_here)
+            except (OSError, subprocess.SubprocessError, local_runner.UnsupportedWorkflow) as exc:
+                return exc
+
         with ThreadPoolExecutor(PARALLEL) as pool:
-            for i, result in zip(
-                rest, pool.map(lambda i: runner.run(jobs[i], _why_not_here), rest), strict=True
-            ):
+            for i, result in zip(rest, pool.map(run, rest), strict=True):
                 results[i] = result
         for i in live:
-            results[i] = runner.run(jobs[i], _why_not_here)
+            results[i] = run(i)
     ordered = [results[i] for i in range(len(jobs))]
+    ran = [
+        r
+        if isinstance(r, local_runner.JobResult)
+        else local_runner.JobResult("", "", skipped="the runner failed")
+        for r in ordered
+    ]
     yield {
-        j.name: (r, local_runner.coverage(j, ordered, jobs))
-        for j, r in zip(jobs, ordered, strict=True)
+        j.name: (r, local_runner.coverage(j, ran, jobs)) for j, r in zip(jobs, ordered, strict=True)
     }
     shutil.rmtree(root)
 
@@ -117,6 +129,8 @@ def test_the_job_passes_as_written(workflow: dict[str, Any], job: Any) -> None:
     if job is None:
         pytest.skip("no .github/workflows/ci.yml next to these tests, or no ruamel.yaml")
     result, coverage = workflow[job.name]
+    if isinstance(result, BaseException):
+        raise result
     if not job.on_linux:
         pytest.skip(coverage)
     if result.skipped:
