@@ -1,15 +1,19 @@
 """The torch runtimes dcp-invariant supports, as (installed distribution, ``torch.__version__``).
 
+Read from ``runtimes.json``, which :mod:`dcp_invariant.wheels` writes from the wheels themselves.
 The rendezvous-store digest is what the torchrun guard requires before it patches anything:
 ``inspect.getsource`` of ``torch.distributed.elastic.rendezvous.c10d_rendezvous_backend.
-_create_tcp_store``, UTF-8, SHA-256, measured from each registered wheel.
+_create_tcp_store``, UTF-8, SHA-256.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+REGISTRY_FILE = Path(__file__).with_name("runtimes.json")
 LINUX_WINDOWS = ("linux", "win32")
 MACOS = ("darwin",)
 
@@ -20,27 +24,46 @@ class Runtime:
     torch: str  # torch.__version__
     create_tcp_store_bytes: int
     create_tcp_store_sha256: str
-    # sys.platform values whose CPU wheel reports this pair.
+    # sys.platform values where a registered wheel reports this pair.
     platforms: tuple[str, ...] = LINUX_WINDOWS
+    release: str = ""  # e.g. 2.15.0
 
 
-_TORCH_2_13 = ("ddecedb8b053ba2db6a1cfbbe27bdeedc70a1951716b7d603e20f90513e473b6", 2191)
-_TORCH_2_11 = ("488aee8200995402157248d051fc337c9dd02b77dc460ddb9abd2b5bf22bc19f", 2195)
+def _load() -> tuple[Runtime, ...]:
+    """The pairs of the wheels measured into runtimes.json (dcp_invariant/wheels.py writes it).
 
-RUNTIMES: tuple[Runtime, ...] = (
-    # Measured here with the local 2.13.0 CPU wheel; the one the test suite runs.
-    Runtime("2.13.0+cpu", "2.13.0+cpu", _TORCH_2_13[1], _TORCH_2_13[0]),
-    # PyTorch's CPU index (and PyPI) serve macOS arm64 wheels without the +cpu suffix
-    # (pytorch/pytorch#110791: "ARM binaries do not have +cpu suffix (same as MacOS ones)");
-    # the rendezvous function's source is the same in every wheel of a release.
-    Runtime("2.13.0", "2.13.0", _TORCH_2_13[1], _TORCH_2_13[0], MACOS),
-    # Registered by the original v0.2.0 release: wheels from PyPI and from the CPU index.
-    Runtime("2.11.0", "2.11.0+cpu", _TORCH_2_11[1], _TORCH_2_11[0]),
-    Runtime("2.11.0+cpu", "2.11.0+cpu", _TORCH_2_11[1], _TORCH_2_11[0]),
-    Runtime("2.11.0", "2.11.0", _TORCH_2_11[1], _TORCH_2_11[0], MACOS),
-)
+    Wheels of one release that report the same pair on several platforms (the CPU builds of
+    Linux and Windows, say) make one runtime registered on each of those platforms.
+    """
+    records = json.loads(REGISTRY_FILE.read_text(encoding="utf-8"))["wheels"]
+    merged: dict[tuple[str, str, int, str, str], list[str]] = {}
+    for r in records:
+        key = (
+            r["distribution"],
+            r["torch"],
+            r["create_tcp_store_bytes"],
+            r["create_tcp_store_sha256"],
+            r["release"],
+        )
+        platforms = merged.setdefault(key, [])
+        if r["sys_platform"] not in platforms:
+            platforms.append(r["sys_platform"])
+    return tuple(
+        Runtime(d, t, n, digest, tuple(sorted(p)), release)
+        for (d, t, n, digest, release), p in merged.items()
+    )
+
+
+RUNTIMES: tuple[Runtime, ...] = _load()
 DEFAULT_TORCH_VERSION = "2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+REGISTER_COMMAND = "python -m dcp_invariant.wheels RELEASE"
+
+
+def releases() -> list[str]:
+    """The registered releases, oldest first."""
+    found = {r.release for r in RUNTIMES}
+    return sorted(found, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
 class UnsupportedRuntime(Exception):
@@ -82,7 +105,8 @@ def require(distribution: str | None, torch_version: str | None = None) -> None:
             return
         installed = f"{distribution}/{torch_version}"
     raise UnsupportedRuntime(
-        f"unregistered torch runtime {installed} (distribution/torch.__version__); "
-        f"registered: {registered_pairs(here)} (on {here}); install torch=={DEFAULT_TORCH_VERSION} "
-        f"from {CPU_INDEX}"
+        f"unregistered torch runtime {installed} (distribution/torch.__version__) on {here}; "
+        f"registered releases: {', '.join(releases())}, as PyPI's and the CPU index's builds "
+        f"(pairs: dcp_invariant/runtimes.json); install one, or register yours with "
+        f"{REGISTER_COMMAND}"
     )

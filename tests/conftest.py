@@ -81,18 +81,21 @@ def rebuild(tmp_path: Path) -> Callable[[Callable[[Observations], None]], Path]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave the live and package tests to the workflow's jobs when they run here.
+    """Leave to the workflow's jobs the tests they run, when they run here.
 
-    tests/test_local_workflow.py runs the CI workflow's Linux jobs, which run the live tests
-    against the action's installation and the package tests on a built wheel. Running them in
-    this session too would only repeat them. An explicit ``-m``, or a session that does not
-    collect that module (or runs inside a job, where it skips itself), keeps every test.
+    tests/test_local_workflow.py runs the CI workflow's Linux jobs: the quality jobs run the
+    torch-free tests on each Python, the integration job the live tests against the action's
+    installation, the package job the package tests. Running them in this session too would
+    only repeat them; the release tests, which every job skips, stay. An explicit ``-m``, or a
+    session that does not collect that module (or runs inside a job, where it skips itself),
+    keeps every test.
     """
     if config.option.markexpr or os.environ.get("GITHUB_ACTIONS") == "true":
         return
     if not any(item.get_closest_marker("workflow") for item in items):
         return
-    moved = [i for i in items if i.get_closest_marker("live") or i.get_closest_marker("package")]
+    kept = [i for i in items if i.get_closest_marker("workflow") or i.get_closest_marker("release")]
+    moved = [i for i in items if i not in set(kept)]
     if moved:
         config.hook.pytest_deselected(items=moved)
-        items[:] = [i for i in items if i not in set(moved)]
+        items[:] = kept

@@ -29,6 +29,7 @@ that OS.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -273,6 +274,8 @@ class JobResult:
     runs_on: str
     steps: list[StepResult] = field(default_factory=list)
     skipped: str = ""  # why the whole job did not run here
+    substituted: str = ""  # matrix values it ran with instead of the written ones
+    overrides: dict[str, str] = field(default_factory=dict)
     summary: str = ""
     seconds: float = 0.0
 
@@ -283,6 +286,8 @@ class JobResult:
     def report(self) -> str:
         """One line per step, composite actions' steps indented under them."""
         lines = [f"{self.name}: {'skipped: ' + self.skipped if self.skipped else self.verdict}"]
+        if self.substituted:
+            lines.append(f"  ran with {self.substituted}: this machine has no wheel of it")
 
         def walk(steps: list[StepResult], depth: int) -> None:
             for s in steps:
@@ -453,8 +458,21 @@ class Runner:
         self.uploads = Uploads(self.root / "artifacts")
         self.uploads.directory.mkdir(parents=True, exist_ok=True)
 
-    def run(self, job: Job, skip: Callable[[Job], str] = lambda job: "") -> JobResult:
+    def run(
+        self,
+        job: Job,
+        skip: Callable[[Job], str] = lambda job: "",
+        overrides: Mapping[str, str] = {},
+    ) -> JobResult:
+        """Run ``job``; ``overrides`` replaces matrix values the machine cannot honour, and the
+        result says so."""
         result = JobResult(job.name, job.runs_on)
+        if overrides:
+            result.overrides = dict(overrides)
+            result.substituted = ", ".join(
+                f"matrix.{k} {v} instead of {job.matrix[k]}" for k, v in overrides.items()
+            )
+            job = dataclasses.replace(job, matrix={**job.matrix, **overrides})
         reason = skip(job) or ("" if job.on_linux else f"needs {job.runs_on}")
         if not reason and installed_python(IMAGE_PYTHON) is None:
             reason = f"no CPython {IMAGE_PYTHON} on this machine for the image's own Python"
@@ -718,8 +736,11 @@ def coverage(job: Job, ran: list[JobResult], jobs: list[Job]) -> str:
     aside) and the step's ``if:`` does not depend on the OS.
     """
     scope = Scope({"matrix": job.matrix, "runner": {"os": job.os_name}})
+    # A Linux job that ran with other matrix values than written covers nothing that uses them.
     linux = [
-        j for j, r in zip(jobs, ran, strict=True) if j.key == job.key and j.on_linux and r.passed
+        dataclasses.replace(j, matrix={**j.matrix, **r.overrides})
+        for j, r in zip(jobs, ran, strict=True)
+        if j.key == job.key and j.on_linux and r.passed
     ]
     covered: list[str] = []
     needs: list[str] = []

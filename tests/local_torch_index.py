@@ -23,6 +23,7 @@ import socket
 import socketserver
 import ssl
 import subprocess
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -52,7 +53,7 @@ class Wheel:
 def local_wheels() -> list[Wheel]:
     """torch CPU wheels in pip's find-links directories (``pip config list``)."""
     listed = subprocess.run(
-        ["python", "-m", "pip", "config", "list"],
+        [sys.executable, "-m", "pip", "config", "list"],
         capture_output=True,
         text=True,
         timeout=60,

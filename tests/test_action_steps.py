@@ -616,6 +616,39 @@ def test_everything_is_installed_into_a_private_environment_under_runner_temp(
     # (run_step asserts no step wrote $GITHUB_ENV or $GITHUB_PATH: later steps are untouched.)
 
 
+def test_the_callers_environment_gets_dcp_invariant_alone_and_runs_the_check(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    run = run_action(tmp_path, inputs={"environment": "caller"}, suite_artifact=data_artifact)
+
+    assert [(s.index, s.stderr) for s in run.steps if s.outcome == "failure"] == []
+    # No Python is set up: the caller's, first on PATH, is the one checked.
+    assert run.using("actions/setup-python").outcome == "skipped"
+    caller = native(str(tmp_path / "shim" / "python"))
+    assert native(run.outputs["python-path"]) == caller
+    # The private environment only lends uv, which installs the package alone into the
+    # caller's Python: no torch, no numpy, no dependencies.
+    args = run.uv_install
+    assert native(option(args, "--python")) == caller
+    assert "--no-deps" in args
+    assert not [a for a in args if a.startswith(("torch", "numpy"))]
+    assert "--torch-backend" not in args
+    # The suite, the report and the gate run in the caller's Python.
+    ran = [(c.role, c.args[2]) for c in run.calls if c.args[:2] == ["-m", "dcp_invariant"]]
+    assert ran == [("caller", "run"), ("caller", "github-report"), ("caller", "verify")]
+    assert run.outputs["verdict"] == "pass"
+
+
+def test_an_unknown_environment_stops_before_anything_is_installed(tmp_path: Path) -> None:
+    run = run_action(tmp_path, inputs={"environment": "mine"})
+
+    failed = [s for s in run.steps if s.outcome == "failure"]
+    assert [s.step.get("id") for s in failed] == ["venv"]
+    assert "environment 'mine' is neither 'action' nor 'caller'" in failed[0].stderr
+    assert run.installs("pip") == [] and run.installs("uv", "pip") == []
+    assert run.suite_log == []
+
+
 def test_empty_python_version_works_on_an_externally_managed_python(
     tmp_path: Path, data_artifact: Path
 ) -> None:

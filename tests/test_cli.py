@@ -419,7 +419,7 @@ def _installed_torch() -> str | None:
     ("runtimes_value", "registered"),
     [
         ("()", None),
-        ('(runtimes.Runtime("0.0.1+fake", "0.0.1+fake", 1, "0" * 64),)', "0.0.1+fake/0.0.1+fake"),
+        ('(runtimes.Runtime("0.0.1+fake", "0.0.1+fake", 1, "0" * 64, release="0.0.1"),)', "0.0.1"),
     ],
     ids=["none registered", "another registered"],
 )
@@ -452,7 +452,7 @@ def test_run_refuses_an_unregistered_runtime(
         assert "torch is not installed" in line
     else:
         assert f"unregistered torch runtime {installed}/" in line
-        assert "registered:" in line
+        assert "registered releases:" in line
         if registered is not None:
             assert registered in line
     assert not output.exists()

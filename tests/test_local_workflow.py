@@ -17,6 +17,7 @@ Inside a job (GITHUB_ACTIONS is set, here and on GitHub) this module skips itsel
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,25 +59,67 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("job", jobs or [None], ids=[j.name for j in jobs] or ["no-workflow"])
 
 
-def _why_not_here(job: Any) -> str:
-    """Why this machine cannot run a Linux job: a Python or a torch wheel it lacks."""
+def _needs(job: Any) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """The Pythons a job sets up, and (torch, Python, torch's matrix key) of each suite run by
+    the action in it."""
+    import local_runner
+
+    action = local_runner.load_yaml(REPO / "action.yml")["inputs"]
+    scope = local_runner.Scope({"matrix": job.matrix})
+    pythons, suites = [], []
+    for step in job.spec["steps"]:
+        given = step.get("with") or {}
+        if str(step.get("uses", "")).startswith("actions/setup-python@"):
+            pythons.append(scope.substitute(given.get("python-version", "")))
+        if step.get("uses") == "./" and given.get("run-suite", "true") != "false":
+            python = scope.substitute(
+                given.get("python-version", action["python-version"]["default"])
+            )
+            written = str(given.get("torch-version", action["torch-version"]["default"]))
+            key = re.fullmatch(r"\$\{\{\s*matrix\.([\w-]+)\s*\}\}", written)
+            pythons.append(python)
+            suites.append((scope.substitute(written), python, key[1] if key else ""))
+    return pythons, suites
+
+
+def _plan(jobs: list[Any]) -> list[tuple[str, dict[str, str]]]:
+    """For each job, why this machine cannot run it (or ""), and the matrix values it runs with
+    instead of the written ones.
+
+    The action installs the matrix's torch from PyPI's CPU index, served here from this
+    machine's CPU wheels. Where it has no wheel of that release, the first such job that runs
+    the live tests runs with a release it has, and says so; the others are skipped. So the
+    live tests always run in the action's installation, as the workflow runs them.
+    """
     import local_runner
     import local_torch_index
 
-    for step in job.spec["steps"]:
-        scope = local_runner.Scope({"matrix": job.matrix})
-        python = scope.substitute((step.get("with") or {}).get("python-version", ""))
-        if python and local_runner.installed_python(python) is None:
-            return f"no CPython {python} on this machine"
-        if step.get("uses") == "./" and (step.get("with") or {}).get("run-suite") != "false":
-            action = local_runner.load_yaml(REPO / "action.yml")
-            torch = action["inputs"]["torch-version"]["default"]
-            if not local_torch_index.has_wheel(torch, python):
-                return (
+    plans: list[tuple[str, dict[str, str]]] = []
+    substituted = False
+    for job in jobs:
+        pythons, suites = _needs(job) if job.on_linux else ([], [])
+        missing = [p for p in pythons if p and local_runner.installed_python(p) is None]
+        reason, overrides = (
+            (f"no CPython {missing[0]} on this machine", {}) if missing else ("", {})
+        )
+        for torch, python, key in suites:
+            if reason or local_torch_index.has_wheel(torch, python):
+                continue
+            here = [
+                w.version.split("+")[0]
+                for w in local_torch_index.local_wheels()
+                if w.python_tag == "cp" + python.replace(".", "")
+            ]
+            if key and here and _runs_live_tests(job) and not substituted:
+                overrides = {key: here[0]}
+                substituted = True
+            else:
+                reason = (
                     f"no CPU torch {torch} wheel for CPython {python} on this machine, and "
                     "PyTorch's CPU index is out of reach"
                 )
-    return ""
+        plans.append((reason, overrides))
+    return plans
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +138,13 @@ def workflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         live = [i for i, j in enumerate(jobs) if j.on_linux and _runs_live_tests(j)]
         rest = [i for i in range(len(jobs)) if i not in live]
         results: dict[int, Any] = {}
+        plans = _plan(jobs)
 
         def run(i: int) -> Any:
+            reason, overrides = plans[i]
             # A job the runner could not run fails that job's test alone.
             try:
-                return runner.run(jobs[i], _why_not_here)
+                return runner.run(jobs[i], lambda job: reason, overrides)
             except (OSError, subprocess.SubprocessError, local_runner.UnsupportedWorkflow) as exc:
                 return exc
 

@@ -42,14 +42,21 @@ PINNED = {
 }
 # Thirteen jobs: quality on two OSes and every supported Python, integration on every OS the
 # README names and two Pythons, one package-boundary job.
+# (OSes, second axis, its values). The integration jobs run the oldest and newest registered
+# torch release on each OS.
 MATRICES = {
-    "quality": (["ubuntu-latest", "windows-latest"], ["3.11", "3.12", "3.13"]),
-    "integration": (["ubuntu-latest", "windows-latest", "macos-latest"], ["3.11", "3.13"]),
+    "quality": (["ubuntu-latest", "windows-latest"], "python", ["3.11", "3.12", "3.13"]),
+    "integration": (
+        ["ubuntu-latest", "windows-latest", "macos-latest"],
+        "torch",
+        [runtimes.releases()[0], runtimes.releases()[-1]],
+    ),
 }
 SUPPORTED_PYTHONS = {"3.11", "3.12", "3.13"}
 ACTION_INPUTS = {
     "torch-version",
     "python-version",
+    "environment",
     "output-dir",
     "artifact-name",
     "source-revision",
@@ -204,7 +211,7 @@ def matrix_size(job: dict[str, Any]) -> int:
     if matrix is None:
         return 1
     # include/exclude would make the count below wrong; the workflow does not use them.
-    assert set(matrix) <= {"os", "python"}, matrix
+    assert set(matrix) <= {"os", "python", "torch"}, matrix
     return len(list(itertools.product(*matrix.values())))
 
 
@@ -218,15 +225,15 @@ def test_ci_runs_exactly_three_jobs_expanding_to_thirteen(ci: dict[str, Any]) ->
 
 
 @pytest.mark.parametrize("job", sorted(MATRICES))
-def test_matrix_oses_and_pythons(ci: dict[str, Any], job: str) -> None:
+def test_matrix_axes(ci: dict[str, Any], job: str) -> None:
     matrix = ci["jobs"][job]["strategy"]["matrix"]
-    oses, pythons = MATRICES[job]
+    oses, axis, values = MATRICES[job]
 
-    assert set(matrix) == {"os", "python"}
+    assert set(matrix) == {"os", axis}
     assert matrix["os"] == oses
     # Strings, not floats: unquoted 3.10 would become 3.1, and setup-python would get that.
-    assert matrix["python"] == pythons
-    assert all(isinstance(v, str) for v in matrix["python"])
+    assert matrix[axis] == values
+    assert all(isinstance(v, str) for v in matrix[axis])
 
 
 def test_every_readme_os_runs_the_action_and_every_python_is_tested(ci: dict[str, Any]) -> None:
@@ -473,13 +480,17 @@ def test_action_installs_into_its_own_environment(action: dict[str, Any]) -> Non
     assert re.fullmatch(r"\d+\.\d+\.\d+", venv[0]["env"]["UV_VERSION"])
     assert '"uv==$UV_VERSION"' in venv[0]["run"]
 
-    # Every later script runs the environment's interpreter, never a bare python.
+    # Every later script runs the environment's interpreter (or, installing, its uv), never a
+    # bare python.
     later = [s for s in steps[steps.index(venv[0]) + 1 :] if "run" in s]
     assert len(later) == 4
     for step in later:
         assert step["env"]["PYTHON"].replace(" ", "") == "${{steps.venv.outputs.python-path}}"
         interpreters = set(re.findall(r"(\S+) -m \w", step["run"]))
-        assert interpreters == {'"$PYTHON"'}, step["name"]
+        expected = '"$UV_PYTHON"' if step.get("id") == "install" else '"$PYTHON"'
+        assert interpreters == {expected}, step["name"]
+    install = next(s for s in later if s.get("id") == "install")
+    assert install["env"]["UV_PYTHON"].replace(" ", "") == "${{steps.venv.outputs.uv-python}}"
 
 
 def test_action_installs_the_cpu_build_with_uv(action: dict[str, Any]) -> None:
@@ -487,7 +498,7 @@ def test_action_installs_the_cpu_build_with_uv(action: dict[str, Any]) -> None:
     assert len(install) == 1
     script = install[0]["run"]
 
-    assert '"$PYTHON" -m uv pip install' in script
+    assert '"$UV_PYTHON" -m uv pip install' in script
     assert '--python "$PYTHON"' in script
     # uv sends torch alone to PyTorch's CPU index off macOS (test_action_steps.py runs each OS).
     assert "--torch-backend cpu" in script
