@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-REGISTRY_FILE = Path(__file__).with_name("runtimes.json")
+from dcp_invariant.runtimes import CPU_INDEX, REGISTRY_FILE
+
 GUARDED_MODULE = "torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py"
 GUARDED_FUNCTION = "_create_tcp_store"
-CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # The interpreter the wheels are fetched for: neither the pair nor the source differs by
 # CPython version, and 3.11 is the oldest the package supports.
 PYTHON = "3.11"
