@@ -129,13 +129,15 @@ def test_the_readme_table_is_the_registry() -> None:
     section = text[text.index("## Supported torch releases") :]
     rows = re.findall(r"^\| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", section, re.MULTILINE)
     entries = {(e.release, e.target, e.build): e for e in ENTRIES}
-    said = set()
-    for releases, os_name, pypi, cpu in rows[1:]:  # after the header (the rule has no spaces)
+    said: set[tuple[str, str, str]] = set()
+    builds: tuple[tuple[wheels.Build, int], ...] = (("pypi", 2), ("cpu-index", 3))
+    for row in rows[1:]:  # after the header (the rule has no spaces)
+        releases, os_name = row[0], row[1]
         named = list(RELEASES) if releases.strip() == "all seven" else releases.split(", ")
         for release in named:
             for target in _OS_TARGETS[os_name.strip()]:
-                for build, cell in (("pypi", pypi), ("cpu-index", cpu)):
-                    pair = re.findall(r"`([^`]+)`", cell)
+                for build, column in builds:
+                    pair = re.findall(r"`([^`]+)`", row[column])
                     entry = entries[(release.strip(), target, build)]
                     expected = [p.replace("X", release.strip()) for p in pair]
                     assert [entry.distribution, entry.torch] == expected, (release, target, build)
