@@ -103,12 +103,15 @@ def run_suite(
     )
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
-    with reaper.Guardian() as guardian, Workspace() as workspace:
+    space = Workspace()
+    with reaper.Guardian() as guardian, space as workspace:
         guardian.remove_if_killed(workspace)
         pool = WorkerPool(timeout)
         try:
             pool.start(workspace / "server")
             guardian.remove_if_killed(Path(multiprocessing.util.get_temp_dir()))
+            if space.socket_holder is not None:
+                guardian.remove_if_killed(space.socket_holder)
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
             if run_plan.kind == "fixture":

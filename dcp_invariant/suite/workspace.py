@@ -44,6 +44,8 @@ class Workspace:
     def __init__(self) -> None:
         self.path: Path | None = None
         self._lock: IO[bytes] | None = None
+        # Where multiprocessing's socket directory went instead, if the temp path was too long.
+        self.socket_holder: Path | None = None
 
     def __enter__(self) -> Path:
         parent = Path(tempfile.gettempdir())
@@ -55,7 +57,7 @@ class Workspace:
         except OSError as exc:
             raise environment_problem(exc, f"the temp directory {parent}") from exc
         lock_exclusive(self._lock)
-        _short_socket_directory(parent)
+        self.socket_holder = _short_socket_directory(parent)
         return self.path
 
     def __exit__(
@@ -158,22 +160,24 @@ def _unlocked(lock_path: Path) -> bool:
     return True
 
 
-def _short_socket_directory(parent: Path) -> None:
+def _short_socket_directory(parent: Path) -> Path | None:
     """Keep the fork server's socket path short when the temp directory's path is long.
 
     multiprocessing puts its socket in a ``pymp-*`` directory under the temp directory, and a
     long TMPDIR makes ``bind`` fail with "AF_UNIX path too long". Its directory is chosen once
-    per process, on first use, so choosing it here under a short parent is enough.
+    per process, on first use, so choosing it here under a short parent is enough. Returns the
+    directory made for it (removed at exit; should the process be killed, the run's guardian
+    removes it), or None.
     """
     if sys.platform == "win32" or len(str(parent)) <= MAX_SOCKET_PARENT:
-        return
+        return None
     from multiprocessing import util
 
     short_parent = next(
         (d for d in ("/tmp", "/var/tmp") if os.path.isdir(d) and os.access(d, os.W_OK)), None
     )
     if short_parent is None:
-        return
+        return None
     holder = tempfile.mkdtemp(prefix="dcpi-", dir=short_parent)
     saved, tempfile.tempdir = tempfile.tempdir, holder
     try:
@@ -183,3 +187,4 @@ def _short_socket_directory(parent: Path) -> None:
     # multiprocessing removes its pymp-* directory in an exit finalizer of priority -100; this
     # one, at -101, runs after it.
     util.Finalize(None, shutil.rmtree, args=(holder, True), exitpriority=-101)
+    return Path(holder)

@@ -184,6 +184,7 @@ def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(
 def test_after_sigkill_the_children_follow_and_the_next_run_sweeps_the_workspace(
     tmp_path: Path,
 ) -> None:
+    before = socket_holders()
     run = Run(tmp_path)
     run.wait_for_torchrun()
     run.proc.kill()
@@ -192,8 +193,15 @@ def test_after_sigkill_the_children_follow_and_the_next_run_sweeps_the_workspace
         str(run.tmpdir)
     )
     # The runner ran no cleanup; its guardian removed the workspace and multiprocessing's
-    # directory once every process was gone.
+    # directory once every process was gone, and the short directory that held the latter.
     assert wait_until(lambda: not list(run.tmpdir.iterdir()), 2.5), list(run.tmpdir.iterdir())
+    assert wait_until(lambda: socket_holders() <= before, 2.5), socket_holders() - before
+
+
+def socket_holders() -> set[Path]:
+    """The short directories a run makes for multiprocessing's socket when TMPDIR is long
+    (``_short_socket_directory`` in dcp_invariant/suite/workspace.py)."""
+    return {p for d in ("/tmp", "/var/tmp") for p in Path(d).glob("dcpi-*")}
 
 
 @linux_only
@@ -296,6 +304,7 @@ def test_a_fixture_run_interrupted_at_any_moment_leaves_nothing(
         pytest.skip("reads /proc")
     failures = []
     interrupted = 0
+    holders = socket_holders()
     for i, moment in enumerate(moments(start_method, signame)):
         where = tmp_path / f"at-{i}"
         where.mkdir()
@@ -317,6 +326,8 @@ def test_a_fixture_run_interrupted_at_any_moment_leaves_nothing(
                 os.kill(pid, signal.SIGKILL)
         emptied = wait_until(lambda r=run: not list(r.tmpdir.iterdir()), settle)
         left = [] if emptied else sorted(p.name for p in run.tmpdir.iterdir())
+        if not wait_until(lambda: socket_holders() <= holders, settle):
+            left += sorted(str(p) for p in socket_holders() - holders)
         text = "".join(run.stderr)
         label = f"{start_method} {signame} at {moment} s"
         if not gone:
