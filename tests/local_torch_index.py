@@ -14,7 +14,6 @@ wheels): a job whose Python or torch has no wheel there is skipped up front, say
 
 from __future__ import annotations
 
-import hashlib
 import html
 import os
 import re
@@ -31,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from dcp_invariant.wheels import file_sha256
 
 HOST = "download.pytorch.org"
 CPU_PREFIX = "/whl/cpu/"
@@ -100,7 +101,7 @@ def serve(directory: Path) -> Iterator[Served]:
     directory.mkdir(parents=True, exist_ok=True)
     context = _server_context(directory)
     wheels = {w.name: w for w in local_wheels()}
-    digests = {name: _sha256(w.path) for name, w in wheels.items()}
+    digests = {name: file_sha256(w.path) for name, w in wheels.items()}
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:
@@ -184,14 +185,6 @@ class Index(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _server_context(directory: Path) -> ssl.SSLContext:
