@@ -455,6 +455,11 @@ def correct(rank: int, world_size: int) -> Correct:
     return Correct(rank, world_size)
 
 
+def needs_width(rank: int, world_size: int, width: int) -> Correct:
+    """A fixture with an argument of its own and no default: not callable as (rank, world_size)."""
+    return Correct(rank, world_size)
+
+
 def optimizer_state_naive(rank: int, world_size: int) -> Correct:
     return OptimizerStateNaive(rank, world_size)
 

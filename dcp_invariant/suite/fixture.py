@@ -8,6 +8,7 @@ digested and compared on its own, so a failed resume names the component that di
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import os
 import sysconfig
@@ -67,8 +68,31 @@ def load_fixture(spec: str) -> Fixture:
             ) from exc
     if not callable(target):
         raise FixtureError(f"fixture {spec!r}: {attr!r} is not callable")
+    _check_signature(spec, attr, target)
     fixture: Fixture = target
     return fixture
+
+
+def _check_signature(spec: str, attr: str, target: Callable[..., Any]) -> None:
+    """The fixture is called as ``CALLABLE(rank, world_size)``: one that cannot bind those two
+    arguments would raise TypeError in every scenario, so it is bad input, found here."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return  # a builtin or extension callable without one: the call itself will tell
+    try:
+        signature.bind(0, 1)
+    except TypeError as exc:
+        # Names and defaults only: annotations may be strings (PEP 563), which read badly.
+        bare = signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
+        )
+        raise FixtureError(
+            f"fixture {spec!r}: {attr}{bare} cannot be called as {attr}(rank, world_size) "
+            f"({exc}); give its other parameters defaults, or point --fixture at a function "
+            "that supplies them"
+        ) from None
 
 
 def _names_the_module(missing: str, module_name: str) -> bool:

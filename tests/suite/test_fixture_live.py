@@ -289,6 +289,11 @@ def test_a_correct_loop_holds_at_world_sizes_one_two_and_four() -> None:
         ("no_such_module:fixture", "cannot import 'no_such_module'"),
         ("fixture_loops:no_such_name", "has no attribute 'no_such_name'"),
         ("fixture_loops:SEED", "'SEED' is not callable"),
+        (
+            "fixture_loops:needs_width",
+            "needs_width(rank, world_size, width) cannot be called as needs_width(rank, "
+            "world_size) (missing a required argument: 'width')",
+        ),
         ("fixture_loops:no_step", "lacks step()"),
         ("fixture_loops:not_a_mapping", "state_dict() returned a list, not a mapping"),
         ("fixture_loops:bad_loss", "step() returned nan, expected a finite float"),
