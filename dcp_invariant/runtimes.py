@@ -15,7 +15,6 @@ from pathlib import Path
 
 REGISTRY_FILE = Path(__file__).with_name("runtimes.json")
 LINUX_WINDOWS = ("linux", "win32")
-MACOS = ("darwin",)
 
 
 @dataclass(frozen=True)
@@ -60,10 +59,14 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 REGISTER_COMMAND = "python -m dcp_invariant.wheels RELEASE"
 
 
+def release_key(release: str) -> tuple[int, ...]:
+    """Sorts releases in version order: 2.9.0 before 2.11.0."""
+    return tuple(int(p) for p in release.split("."))
+
+
 def releases() -> list[str]:
     """The registered releases, oldest first."""
-    found = {r.release for r in RUNTIMES}
-    return sorted(found, key=lambda v: tuple(int(p) for p in v.split(".")))
+    return sorted({r.release for r in RUNTIMES}, key=release_key)
 
 
 class UnsupportedRuntime(Exception):

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from dcp_invariant.runtimes import CPU_INDEX, REGISTRY_FILE
+from dcp_invariant.runtimes import CPU_INDEX, REGISTRY_FILE, release_key
 
 GUARDED_MODULE = "torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py"
 GUARDED_FUNCTION = "_create_tcp_store"
@@ -208,7 +208,7 @@ def load(path: Path = REGISTRY_FILE) -> list[Entry]:
 
 
 def save(entries: Sequence[Entry], path: Path = REGISTRY_FILE) -> None:
-    ordered = sorted(entries, key=lambda e: (_release_key(e.release), e.target, e.build))
+    ordered = sorted(entries, key=lambda e: (release_key(e.release), e.target, e.build))
     text = json.dumps(
         {
             "about": (
@@ -221,10 +221,6 @@ def save(entries: Sequence[Entry], path: Path = REGISTRY_FILE) -> None:
         sort_keys=True,
     )
     path.write_text(text + "\n", encoding="utf-8", newline="\n")
-
-
-def _release_key(release: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in release.split("."))
 
 
 def register(
@@ -306,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     recorded = load()
-    releases = args.releases or sorted({e.release for e in recorded}, key=_release_key)
+    releases = args.releases or sorted({e.release for e in recorded}, key=release_key)
     fresh: list[Entry] = []
     with tempfile.TemporaryDirectory(prefix="dcp-invariant-wheels-") as tmp:
         if args.check and args.cpu_index:
