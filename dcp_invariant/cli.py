@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import signal
@@ -16,7 +17,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from dcp_invariant import __version__, canonical, plan
 from dcp_invariant.evidence import schema
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug",
         action="store_true",
-        help="after a one-line error, also print the traceback that led to it",
+        help="after a one-line error, also print the traceback that led to it; with run, "
+        "show every worker log line of a failure (no cap)",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser(
@@ -83,6 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help=f"with --fixture: steps compared after the resume (default {plan.DEFAULT_STEPS_AFTER})",
+    )
+    run.add_argument(
+        "--fixture-arg",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="with --fixture: a keyword argument for CALLABLE, VALUE as JSON (width=64, "
+        "name='\"tiny\"'; a VALUE that is not JSON is taken as a string); repeatable",
+    )
+    run.add_argument(
+        "--rank-local",
+        action="append",
+        default=None,
+        metavar="COMPONENT",
+        help="with --fixture: a top-level key of state_dict() that each rank keeps for itself "
+        "(a data loader keyed by rank): reshard scenarios leave it out, resumes still check "
+        "it; repeatable",
     )
     run.add_argument(
         "--source-revision",
@@ -295,18 +314,20 @@ def _run_and_write(
 ) -> int:
     from dcp_invariant import runtimes
     from dcp_invariant.evidence import artifact, provenance
-    from dcp_invariant.suite import pool, runner, workspace
+    from dcp_invariant.suite import console, pool, runner, workspace
+
+    # Verdicts go to stdout and the workers' logs to stderr, as test runners print them:
+    # `> verdicts.txt` keeps the one; a terminal shows both in order, as stdout is flushed first.
+    shown = console.ShownLogs(cap=None if args.debug else console.CAP)
 
     def progress(done: runner.Finished) -> None:
-        print(
-            f"{done.verdict:<4}  {done.name:<24} {done.seconds:6.1f} s", file=sys.stderr, flush=True
-        )
-        for reason in done.reasons:
-            print(f"      - {reason}", file=sys.stderr)
-        for warning in done.warnings:
-            print(f"      warning: {warning}", file=sys.stderr)
-        if done.logs:
-            print(done.logs, file=sys.stderr)
+        lines = [f"{done.verdict:<4}  {done.name:<24} {done.seconds:6.1f} s"]
+        lines += [f"      - {reason}" for reason in done.reasons]
+        lines += [f"      warning: {warning}" for warning in done.warnings]
+        _print_lines(lines)
+        excerpt = shown.excerpt(done.logs)
+        if excerpt:
+            print("\n".join(f"      {line}" for line in excerpt), file=sys.stderr, flush=True)
 
     try:
         suite = runner.run_suite(run_plan=run_plan, timeout=timeout, on_finish=progress)
@@ -337,10 +358,11 @@ def _run_and_write(
     except OSError as exc:
         raise UsageError(f"the artifact could not be written to {args.output_dir}: {exc}") from exc
     summary = canonical.loads(files[schema.SUMMARY_FILE])
-    print(
-        f"{summary['verdict']}: {summary['passed']} passed, {summary['failed']} failed; "
-        f"evidence in {args.output_dir}",
-        file=sys.stderr,
+    _print_lines(
+        [
+            f"{summary['verdict']}: {summary['passed']} passed, {summary['failed']} failed; "
+            f"evidence in {args.output_dir}"
+        ]
     )
     return EXIT_OK if summary["verdict"] == "pass" else EXIT_FAIL
 
@@ -383,6 +405,8 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
                 ("--world-sizes", args.world_sizes),
                 ("--steps-before", args.steps_before),
                 ("--steps-after", args.steps_after),
+                ("--fixture-arg", args.fixture_arg),
+                ("--rank-local", args.rank_local),
             )
             if value is not None
         ]
@@ -403,9 +427,29 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
             sizes,
             plan.DEFAULT_STEPS_BEFORE if args.steps_before is None else args.steps_before,
             plan.DEFAULT_STEPS_AFTER if args.steps_after is None else args.steps_after,
+            _fixture_args(args.fixture_arg or []),
+            args.rank_local or (),
         )
     except plan.PlanError as exc:
         raise UsageError(f"{exc}") from exc
+
+
+def _fixture_args(given: list[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` pairs; VALUE is JSON (``64``, ``true``, ``[1, 2]``), else a string."""
+    arguments: dict[str, Any] = {}
+    for pair in given:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--fixture-arg {pair!r}: expected NAME=VALUE, e.g. width=64")
+        if name in arguments:
+            raise UsageError(f"--fixture-arg {name}: given twice; give each name once")
+        try:
+            arguments[name] = json.loads(text)
+        except json.JSONDecodeError:
+            arguments[name] = text  # a bare word: what the shell left of a quoted string
+        except RecursionError:
+            raise UsageError(f"--fixture-arg {name}: the value is nested too deeply") from None
+    return arguments
 
 
 def _source_revision(given: str | None) -> str:

@@ -7,7 +7,11 @@ recorded beside the evidence and checked against what was observed.
 
 from __future__ import annotations
 
+import json
+import keyword
+import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -38,6 +42,9 @@ DTENSOR_LABEL = "dtensor"
 DYING_RANK = 1
 RANK_EXIT_CODE = 86
 ELASTIC_EXIT_CODE = 91
+# A worker whose task raises exits 1 (``run`` in dcp_invariant/suite/worker.py): what the rank
+# that outlives a peer dying mid-save does when DCP's collective save fails under it.
+SURVIVOR_EXIT_CODE = 1
 
 # The torchrun job of the elastic scenario: one node, two ranks, one restart, loopback only.
 ELASTIC_ARGUMENTS: tuple[str, ...] = (
@@ -63,6 +70,14 @@ REGISTERED_FIXTURE = "dcp_invariant.suite.registered_fixture:registered_fixture"
 # observations record them.
 FailureReason = Literal["missing", "size", "digest", "unexpected", "not a regular file"]
 FAILURE_REASONS: tuple[FailureReason, ...] = get_args(FailureReason)
+
+# Why DCP's load failed on a resuming rank. torch's default planner raises on the first key of
+# the app's state_dict() that the checkpoint lacks, or whose saved size differs from the app's
+# (create_default_local_load_plan in torch/distributed/checkpoint/default_planner.py); DCP then
+# raises on every rank, naming each rank's own failure (CheckpointException in
+# torch/distributed/checkpoint/api.py). "another rank": this rank's own plan was fine.
+LoadFailure = Literal["missing key", "size mismatch", "another rank", "error"]
+LOAD_FAILURES: tuple[LoadFailure, ...] = get_args(LoadFailure)
 
 DamageKind = Literal["remove", "flip"]
 
@@ -160,6 +175,12 @@ MAX_WORLD_SIZE = 8
 MAX_STEPS = 1000
 _IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 FIXTURE_SPEC = re.compile(rf"{_IDENTIFIERS}:{_IDENTIFIERS}")
+# A component is a top-level key of the app's state_dict(); recorded keys are "app.<component>...".
+COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
+# The fixture is called as CALLABLE(rank, world_size, **fixture_args).
+RESERVED_ARGUMENTS = ("rank", "world_size")
+MAX_FIXTURE_ARGS = 32
+MAX_FIXTURE_ARGS_BYTES = 4096
 PlanKind = Literal["registered", "fixture"]
 
 
@@ -177,6 +198,14 @@ class Plan:
     steps_before: int
     steps_after: int
     scenarios: tuple[Scenario, ...]
+    # Keyword arguments of the fixture, sorted by name; values are JSON.
+    fixture_args: tuple[tuple[str, Any], ...] = ()
+    # Components declared per rank: resharding leaves them out (resumes still check them).
+    rank_local: tuple[str, ...] = ()
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return dict(self.fixture_args)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -196,7 +225,9 @@ class Plan:
         """What provenance records of a fixture run; :func:`plan_from_record` reads it back."""
         return {
             "fixture": self.fixture,
+            "fixture_args": self.arguments,
             "kind": self.kind,
+            "rank_local": list(self.rank_local),
             "scenarios": list(self.names),
             "steps_after": self.steps_after,
             "steps_before": self.steps_before,
@@ -212,6 +243,8 @@ def fixture_plan(
     world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
     steps_before: int = DEFAULT_STEPS_BEFORE,
     steps_after: int = DEFAULT_STEPS_AFTER,
+    fixture_args: Mapping[str, Any] | None = None,
+    rank_local: Sequence[str] = (),
 ) -> Plan:
     """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar."""
     if not isinstance(fixture, str) or not FIXTURE_SPEC.fullmatch(fixture):
@@ -233,6 +266,8 @@ def fixture_plan(
             raise PlanError(f"{what}: {steps!r}, expected an integer from 1 to {MAX_STEPS}")
     sizes = tuple(sorted(sizes))
     n, k = steps_before, steps_after
+    arguments = _fixture_args({} if fixture_args is None else fixture_args)
+    local = _rank_local(rank_local)
     scenarios = [
         Scenario(
             f"resume_{w}",
@@ -291,12 +326,70 @@ def fixture_plan(
     )
     if 2 in sizes:
         scenarios.append(ELASTIC_SCENARIO)
-    return Plan("fixture", fixture, sizes, n, k, tuple(scenarios))
+    return Plan("fixture", fixture, sizes, n, k, tuple(scenarios), arguments, local)
+
+
+def _fixture_args(given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(given, Mapping) or len(given) > MAX_FIXTURE_ARGS:
+        raise PlanError(f"fixture arguments: give at most {MAX_FIXTURE_ARGS} NAME=VALUE pairs")
+    for name, value in given.items():
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise PlanError(
+                f"--fixture-arg {name!r}: NAME must be a Python identifier, e.g. width=64"
+            )
+        if name in RESERVED_ARGUMENTS:
+            raise PlanError(
+                f"--fixture-arg {name}: the tool passes rank and world_size itself; "
+                "choose another name"
+            )
+        if not _plain_json(value):
+            raise PlanError(
+                f"--fixture-arg {name}: the value must be JSON (a number, string, true/false, "
+                "null, list or object), e.g. width=64 or name='\"tiny\"'"
+            )
+    if len(json.dumps(dict(given), sort_keys=True)) > MAX_FIXTURE_ARGS_BYTES:
+        raise PlanError(f"fixture arguments: more than {MAX_FIXTURE_ARGS_BYTES} bytes of JSON")
+    return tuple(sorted(given.items()))
+
+
+def _plain_json(value: Any) -> bool:
+    """Values JSON round-trips exactly: what the plan records is what the fixture got."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_plain_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain_json(v) for k, v in value.items())
+    return False
+
+
+def _rank_local(given: Sequence[str]) -> tuple[str, ...]:
+    names = list(given)
+    for name in names:
+        if not isinstance(name, str) or not COMPONENT.fullmatch(name):
+            raise PlanError(
+                f"--rank-local {name!r}: give a top-level key of the app's state_dict(), "
+                "e.g. --rank-local data"
+            )
+    if len(set(names)) != len(names):
+        raise PlanError(f"--rank-local {names}: each component once")
+    return tuple(sorted(names))
 
 
 def plan_from_record(record: Any) -> Plan:
     """Read a recorded fixture plan back, holding it to the grammar and its own scenario list."""
-    keys = {"fixture", "kind", "scenarios", "steps_after", "steps_before", "world_sizes"}
+    keys = {
+        "fixture",
+        "fixture_args",
+        "kind",
+        "rank_local",
+        "scenarios",
+        "steps_after",
+        "steps_before",
+        "world_sizes",
+    }
     if not isinstance(record, dict) or set(record) != keys:
         raise PlanError(f"plan: expected exactly the keys {sorted(keys)}")
     if record["kind"] != "fixture":
@@ -304,8 +397,18 @@ def plan_from_record(record: Any) -> Plan:
     sizes = record["world_sizes"]
     if not isinstance(sizes, list) or sizes != sorted(sizes):
         raise PlanError("plan: world_sizes must be a sorted list")
+    local = record["rank_local"]
+    if not isinstance(local, list) or local != sorted(local):
+        raise PlanError("plan: rank_local must be a sorted list")
+    if not isinstance(record["fixture_args"], dict):
+        raise PlanError("plan: fixture_args must be an object")
     derived = fixture_plan(
-        record["fixture"], tuple(sizes), record["steps_before"], record["steps_after"]
+        record["fixture"],
+        tuple(sizes),
+        record["steps_before"],
+        record["steps_after"],
+        record["fixture_args"],
+        local,
     )
     if record["scenarios"] != list(derived.names):
         raise PlanError(
@@ -323,3 +426,15 @@ def expected_shard_rows(rows: int, world_size: int, rank: int) -> int:
     """Rows of a ``Shard(0)`` DTensor on ``rank``: torch.chunk semantics, ceil-sized, tail short."""
     chunk = -(-rows // world_size)
     return max(0, min(rows, (rank + 1) * chunk) - rank * chunk)
+
+
+def dcp_files(world_size: int, *, metadata: bool = True) -> list[str]:
+    """The files a DCP save at ``world_size`` writes, in the receipt's (byte) order.
+
+    torch's FileSystemWriter (torch/distributed/checkpoint/filesystem.py) names each rank's data
+    ``__<rank>_<n>.distcp`` and, writing one file per rank by default
+    (``single_file_per_rank=True``, one thread), creates exactly ``__<rank>_0.distcp`` on every
+    rank, empty or not; the coordinator's ``finish`` adds ``.metadata`` last.
+    """
+    shards = [f"__{rank}_0{SHARD_SUFFIX}" for rank in range(world_size)]
+    return [METADATA_FILE, *shards] if metadata else shards

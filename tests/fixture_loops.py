@@ -231,6 +231,53 @@ class Nondeterministic(Correct):
         return inputs + 0.05 * torch.randn(inputs.shape, generator=unseeded), targets
 
 
+# -- state that differs by rank ------------------------------------------------------------------
+
+
+class RankKeyed(Correct):
+    """Correct, but each rank draws its rows from a sample order of its own (a sampler per
+    data-parallel rank) and keeps its position under a key of its own, as torchtitan keys its
+    data loader by dp_rank: ``{"loader": {"rank_<r>": ...}}``. Right at any one world size; it
+    does not reshard (torchtitan issue #811), unless ``loader`` is declared rank-local."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        own = torch.Generator().manual_seed(SEED + 10 + rank)
+        self.mine = torch.randperm(SAMPLES, generator=own)
+        self.position = 0
+
+    def loop_state(self) -> dict[str, Any]:
+        position = {"order": self.mine, "position": torch.tensor(self.position)}
+        return {**super().loop_state(), "loader": {f"rank_{self.rank}": position}}
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        super().load_loop_state(state_dict)
+        position = state_dict["loader"][f"rank_{self.rank}"]
+        self.mine, self.position = position["order"], int(position["position"])
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = GLOBAL_BATCH // self.world_size
+        index = self.mine[(self.position + torch.arange(rows)) % SAMPLES]
+        self.position += rows
+        # The mask is drawn for the whole global batch: the shared generator advances alike.
+        keep = torch.rand(GLOBAL_BATCH, WIDTH, generator=self.generator) >= DROPOUT
+        mine = keep[self.rank * rows : (self.rank + 1) * rows]
+        return self.inputs[index] * mine / (1 - DROPOUT), self.targets[index]
+
+
+class LoaderWorkers(Correct):
+    """Correct, with each step's batch read through a DataLoader with two worker processes:
+    the batches reach the rank through multiprocessing's sockets (DupFd,
+    torch/multiprocessing/reductions.py)."""
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = super().batch()
+        rows = torch.utils.data.TensorDataset(inputs, targets)
+        loader = torch.utils.data.DataLoader(rows, batch_size=len(rows) // 2, num_workers=2)
+        parts = list(loader)
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
+
 # -- a correct FSDP2 loop --------------------------------------------------------------------------
 
 
@@ -456,8 +503,19 @@ def correct(rank: int, world_size: int) -> Correct:
 
 
 def needs_width(rank: int, world_size: int, width: int) -> Correct:
-    """A fixture with an argument of its own and no default: not callable as (rank, world_size)."""
+    """A fixture with an argument of its own and no default: not callable as (rank, world_size),
+    and called with ``--fixture-arg width=16``, it checks that the value arrived as given."""
+    if width != WIDTH:
+        raise ValueError(f"width {width!r}, expected {WIDTH}")
     return Correct(rank, world_size)
+
+
+def loader_workers(rank: int, world_size: int) -> Correct:
+    return LoaderWorkers(rank, world_size)
+
+
+def rank_keyed(rank: int, world_size: int) -> Correct:
+    return RankKeyed(rank, world_size)
 
 
 def optimizer_state_naive(rank: int, world_size: int) -> Correct:

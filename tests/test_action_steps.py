@@ -842,6 +842,43 @@ def test_empty_fixture_inputs_add_nothing(tmp_path: Path, data_artifact: Path, g
     ]
 
 
+def test_fixture_args_and_rank_local_become_one_flag_each(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    run = run_action(
+        tmp_path,
+        inputs={
+            "fixture": FIXTURE,
+            # A YAML block scalar as a workflow writes it: CRLF from a Windows editor, a blank
+            # line, a value with spaces and shell syntax that must stay one argument.
+            "fixture-args": 'width=64\r\n\nname="tiny $(touch pwned)"\nlayers=[1, 2]\n',
+            "rank-local": "data, loader ,",
+        },
+        suite_artifact=data_artifact,
+        prepare=caller_checkout,
+    )
+
+    assert run.suite.outcome == "success", run.suite.stderr
+    assert run.suite_log == [
+        [
+            *BASE_ARGS,
+            "--fixture",
+            FIXTURE,
+            "--fixture-arg",
+            "width=64",
+            "--fixture-arg",
+            'name="tiny $(touch pwned)"',
+            "--fixture-arg",
+            "layers=[1, 2]",
+            "--rank-local",
+            "data",
+            "--rank-local",
+            "loader",
+        ]
+    ]
+    assert not (run.workspace / "pwned").exists()
+
+
 def test_fixture_inputs_are_single_arguments_never_shell(
     tmp_path: Path, data_artifact: Path
 ) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from artifact_data import Observations, Rebuild
@@ -505,6 +506,15 @@ def test_console_script_lists_the_scenarios(tmp_path: Path) -> None:
         (["--fixture", "m:f", "--steps-after", "-2"], "steps after: -2"),
         (["--world-sizes", "1,2"], "--world-sizes go with --fixture"),
         (["--steps-before", "2", "--steps-after", "2"], "--steps-before, --steps-after go with"),
+        (["--fixture-arg", "width=1"], "--fixture-arg go with --fixture"),
+        (["--rank-local", "data"], "--rank-local go with --fixture"),
+        (["--fixture", "m:f", "--fixture-arg", "width"], "expected NAME=VALUE"),
+        (["--fixture", "m:f", "--fixture-arg", "=1"], "expected NAME=VALUE"),
+        (["--fixture", "m:f", "--fixture-arg", "w=1", "--fixture-arg", "w=2"], "given twice"),
+        (["--fixture", "m:f", "--fixture-arg", "world_size=4"], "passes rank and world_size"),
+        (["--fixture", "m:f", "--fixture-arg", "w=NaN"], "the value must be JSON"),
+        (["--fixture", "m:f", "--fixture-arg", "w=" + "[" * 100000], "nested too deeply"),
+        (["--fixture", "m:f", "--rank-local", "a.b"], "--rank-local 'a.b'"),
     ],
 )
 def test_run_refuses_a_fixture_plan_outside_the_grammar(
@@ -515,6 +525,17 @@ def test_run_refuses_a_fixture_plan_outside_the_grammar(
     assert code == cli.EXIT_USAGE
     assert message in usage_error(capsys)
     assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "value"),
+    [("64", 64), ("true", True), ("[1, 2]", [1, 2]), ('"64"', "64"), ("tiny", "tiny"), ("", "")],
+)
+def test_a_fixture_arg_value_is_json_or_else_a_string(given: str, value: Any) -> None:
+    args = cli.build_parser().parse_args(
+        ["run", "--output-dir", "o", "--fixture", "m:f", "--fixture-arg", f"x={given}"]
+    )
+    assert cli._run_plan(args).arguments == {"x": value}
 
 
 def test_run_accepts_an_empty_output_dir_and_refuses_a_non_empty_one(

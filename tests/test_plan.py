@@ -96,11 +96,31 @@ def test_a_fixture_plan_derives_resumes_reshards_and_the_restart() -> None:
         (("m:f", (1,), 0), "steps before the save: 0"),
         (("m:f", (1,), 3, 1001), "steps after: 1001"),
         (("m:f", (1,), True), "steps before the save: True"),
+        (("m:f", (1,), 3, 3, {"rank": 1}), "the tool passes rank and world_size itself"),
+        (("m:f", (1,), 3, 3, {"not valid": 1}), "NAME must be a Python identifier"),
+        (("m:f", (1,), 3, 3, {"class": 1}), "NAME must be a Python identifier"),
+        (("m:f", (1,), 3, 3, {"w": float("nan")}), "the value must be JSON"),
+        (("m:f", (1,), 3, 3, {"w": (1, 2)}), "the value must be JSON"),
+        (("m:f", (1,), 3, 3, {"w": "x" * 5000}), "more than 4096 bytes"),
+        (("m:f", (1,), 3, 3, None, ["app.data"]), "--rank-local 'app.data'"),
+        (("m:f", (1,), 3, 3, None, [""]), "--rank-local ''"),
+        (("m:f", (1,), 3, 3, None, ["data", "data"]), "each component once"),
     ],
 )
 def test_a_plan_outside_the_grammar_is_refused(arguments: tuple[Any, ...], message: str) -> None:
     with pytest.raises(plan.PlanError, match=re.escape(message)):
         plan.fixture_plan(*arguments)
+
+
+def test_fixture_arguments_and_rank_local_components_are_recorded_and_read_back() -> None:
+    the_plan = plan.fixture_plan(
+        "m:f", (1, 2), fixture_args={"width": 64, "name": "tiny"}, rank_local=["loader", "data"]
+    )
+    record = the_plan.to_record()
+    assert record["fixture_args"] == {"name": "tiny", "width": 64}
+    assert record["rank_local"] == ["data", "loader"]
+    assert plan.plan_from_record(record) == the_plan
+    assert the_plan.arguments == {"name": "tiny", "width": 64}
 
 
 @pytest.mark.parametrize(
@@ -112,6 +132,9 @@ def test_a_plan_outside_the_grammar_is_refused(arguments: tuple[Any, ...], messa
         (lambda r: r.pop("steps_after"), "expected exactly the keys"),
         (lambda r: r.update(extra=1), "expected exactly the keys"),
         (lambda r: r.update(steps_before=-1), "steps before the save: -1"),
+        (lambda r: r.update(rank_local=["b", "a"]), "rank_local must be a sorted list"),
+        (lambda r: r.update(fixture_args=[1]), "fixture_args must be an object"),
+        (lambda r: r.update(fixture_args={"rank": 0}), "passes rank and world_size itself"),
     ],
 )
 def test_a_recorded_plan_is_held_to_the_grammar_and_to_its_scenarios(

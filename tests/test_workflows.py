@@ -30,6 +30,7 @@ ACTION = REPO / "action.yml"
 CI = REPO / ".github" / "workflows" / "ci.yml"
 README = REPO / "README.md"
 EXAMPLE_FIXTURE = REPO / "examples" / "mlp_fixture.py"
+BUGGY_FIXTURE = REPO / "examples" / "buggy_mlp_fixture.py"
 ZIZMOR_CONFIG = REPO / ".github" / "zizmor.yml"
 TOOL_TIMEOUT = 180
 
@@ -419,6 +420,17 @@ def test_action_installs_the_runtime_pins(
     assert requirement_pin(runtime, "torch") == f"torch=={runtimes.DEFAULT_TORCH_VERSION}"
 
 
+def test_the_live_job_installs_the_loops_extra_pins(
+    ci: dict[str, Any], pyproject: dict[str, Any]
+) -> None:
+    loops = pyproject["project"]["optional-dependencies"]["loops"]
+    steps = ci["jobs"]["integration"]["steps"]
+    (live,) = [s for s in steps if "-m live" in s.get("run", "")]
+    installed = re.findall(r'"([\w-]+==[\w.]+)"', live["run"])
+
+    assert sorted(p for p in installed if not p.startswith("pytest==")) == sorted(loops)
+
+
 def test_action_outputs_come_from_existing_steps(action: dict[str, Any]) -> None:
     ids = {s["id"] for s in action_steps(action) if "id" in s}
     outputs = action["outputs"]
@@ -533,13 +545,13 @@ def test_readme_input_table_lists_every_action_input(action: dict[str, Any]) -> 
     assert rows == list(action["inputs"])
 
 
-def test_readme_example_fixture_is_the_example_file() -> None:
+def test_readme_example_fixtures_are_the_example_files() -> None:
     if not EXAMPLE_FIXTURE.is_file():
         pytest.skip("examples/ is not here (outside the source tree)")
     blocks = readme_blocks("python")
 
-    # Pasted verbatim, so what the README shows is what runs.
-    assert blocks == [EXAMPLE_FIXTURE.read_text(encoding="utf-8")]
+    # Pasted verbatim, so what the README shows is what runs: the example, then its buggy copy.
+    assert blocks == [f.read_text(encoding="utf-8") for f in (EXAMPLE_FIXTURE, BUGGY_FIXTURE)]
 
 
 def test_readme_workflows_use_only_declared_inputs_and_pinned_checkout(

@@ -1,4 +1,4 @@
-"""The evidence artifact: the 26 files of schema v2, built from observations and provenance.
+"""The evidence artifact: its files (schema.artifact_files), built from observations and provenance.
 
 Results, summary, JUnit and manifest are all derived here from the observations with the
 verifier's own rules, so what the runner writes is exactly what the verifier re-derives.

@@ -99,3 +99,10 @@ def record(**fields: Check) -> Check:
         return problems
 
     return check
+
+
+def json_object(value: Any, where: str) -> list[str]:
+    """An object of decoded JSON values; what they mean is checked by whoever reads them."""
+    if not isinstance(value, dict):
+        return [f"{where}: expected an object, got {type_name(value)}"]
+    return []

@@ -22,10 +22,14 @@ Keys = Mapping[str, str]
 
 KEY_ENTRY = re.compile(r"(\S{1,80}) ([0-9a-f]{64})")
 MAX_KEYS_NAMED = 8
-CAUSE_1 = "did not round-trip through DCP"
-CAUSE_2 = "state outside state_dict()"
-CAUSE_3 = "non-deterministic fixture"
-CAUSE_4 = "non-finite loss"
+ROUND_TRIP = "did not round-trip through DCP"
+OUTSIDE_STATE_DICT = "state outside state_dict()"
+NONDETERMINISTIC = "non-deterministic fixture"
+NON_FINITE = "non-finite loss"
+# A reshard's own causes: the load failed at the target world size, or it succeeded and left
+# saved values that no target rank asked for (torchtitan issue #811).
+DOES_NOT_RESHARD = "does not reshard"
+NOT_LOADED = "saved state not loaded"
 SUSPECTS = (
     "check what steers the next step and is not saved: generators and the global RNG, the "
     "data position and shuffle order, the LR scheduler, step and accumulation counters"
@@ -61,7 +65,8 @@ def differing_keys(expected: Keys, got: Keys) -> list[str]:
     return sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
 
 
-def _named(keys: list[str]) -> str:
+def named(keys: list[str]) -> str:
+    """Up to MAX_KEYS_NAMED keys, and how many more."""
     shown = ", ".join(keys[:MAX_KEYS_NAMED])
     return shown + (f" (+{len(keys) - MAX_KEYS_NAMED} more)" if len(keys) > MAX_KEYS_NAMED else "")
 
@@ -77,7 +82,7 @@ def round_trip(
     reasons: list[str] = []
     keys = differing_keys(saved, loaded)
     for key in keys[:MAX_KEYS_NAMED]:
-        head = f"{CAUSE_1}: {where}: {key}"
+        head = f"{ROUND_TRIP}: {where}: {key}"
         if key not in loaded:
             reasons.append(f"{head}: saved {kind(saved[key])}, missing after load")
         elif key not in saved and kind(loaded[key]) == "map[0]":
@@ -104,7 +109,7 @@ def round_trip(
                 f"{_magnitude(diffs, 'loaded', key)}{tail}"
             )
     if len(keys) > MAX_KEYS_NAMED:
-        reasons.append(f"{CAUSE_1}: {where}: {len(keys) - MAX_KEYS_NAMED} more keys differ")
+        reasons.append(f"{ROUND_TRIP}: {where}: {len(keys) - MAX_KEYS_NAMED} more keys differ")
     return reasons
 
 
@@ -147,20 +152,20 @@ def step_divergence(
             facts.append(f"loss expected {number(want['loss'])}, got {number(got['loss'])}")
         if keys:
             phase = f"step-{index}"
-            named = [f"{k}{_magnitude(diffs, phase, k)}" for k in keys[:MAX_KEYS_NAMED]]
-            facts.append("keys that differ first: " + _named(named + keys[MAX_KEYS_NAMED:]))
+            shown = [f"{k}{_magnitude(diffs, phase, k)}" for k in keys[:MAX_KEYS_NAMED]]
+            facts.append("keys that differ first: " + named(shown + keys[MAX_KEYS_NAMED:]))
         if not loaded_equals_saved:
             return [
                 f"{where}: {step} differs, a consequence of the keys above: " + "; ".join(facts)
             ]
         reasons = [
-            f"{CAUSE_2}: {where}: loaded == saved, but {step} differs: "
+            f"{OUTSIDE_STATE_DICT}: {where}: loaded == saved, but {step} differs: "
             + "; ".join(facts)
             + f"; {SUSPECTS}"
         ]
         if any(re.search(r"\.param_groups\.\d+\.lr$", k) for k in keys):
             reasons.append(
-                f"{CAUSE_2}: {where}: the learning rate itself differs after {step}: an LR "
+                f"{OUTSIDE_STATE_DICT}: {where}: the learning rate itself differs after {step}: an LR "
                 "scheduler whose state is not in state_dict()"
             )
         return reasons
@@ -185,9 +190,9 @@ def nondeterminism(where: str, first: Mapping[str, Any], second: Mapping[str, An
         keys = differing_keys(keys_a, keys_b)
         if loss_a == loss_b and not keys:
             continue
-        what = _named(keys) if keys else f"the loss ({number(loss_a)} vs {number(loss_b)})"
+        what = named(keys) if keys else f"the loss ({number(loss_a)} vs {number(loss_b)})"
         return [
-            f"{CAUSE_3}: {where}: two uninterrupted runs differ at step {index} in {what}; the "
+            f"{NONDETERMINISTIC}: {where}: two uninterrupted runs differ at step {index} in {what}; the "
             "resume cannot be judged: seed every generator, draw no unseeded random numbers, "
             "keep the thread count fixed"
         ]
@@ -205,7 +210,7 @@ def changed_during_save(
     if not keys:
         return []
     return [
-        f"{CHANGED_DURING_SAVE}: {where}: {_named(keys)} hold the state after step "
+        f"{CHANGED_DURING_SAVE}: {where}: {named(keys)} hold the state after step "
         f"{steps_before + 1}, which ran during the write, not the state at the save: the write "
         "read tensors the training loop went on changing (a state_dict() that returns live "
         "references, or a stager that copies late); the next step had started before the write"
@@ -215,7 +220,7 @@ def changed_during_save(
 def non_finite_loss(where: str, step: int, loss: str) -> str:
     """Cause 4: the loop itself diverged at ``step`` (its loss as recorded: nan, inf, -inf)."""
     return (
-        f"{CAUSE_4}: {where}: step {step} returned {loss}, so nothing after it can be compared; "
+        f"{NON_FINITE}: {where}: step {step} returned {loss}, so nothing after it can be compared; "
         "find what overflows or divides by zero (the learning rate, the data, a loss scale), "
         "or check fewer steps (--steps-before, --steps-after)"
     )

@@ -47,7 +47,9 @@ SHAPE = checks.record(**_FIELDS, schema_version=checks.one_of(schema.SCHEMA_VERS
 # these types hold (it compares and sorts what it is given).
 _PLAN = checks.record(
     fixture=checks.string,
+    fixture_args=checks.json_object,
     kind=checks.string,
+    rank_local=checks.list_of(checks.string, 64),
     scenarios=checks.list_of(checks.string, 256),
     steps_after=checks.integer(),
     steps_before=checks.integer(),

@@ -9,7 +9,7 @@ fails; no reasons means it passes. Observations reaching here have a valid shape
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dcp_invariant import plan, runtimes
@@ -17,14 +17,15 @@ from dcp_invariant.evidence import diagnosis, schema
 
 Obs = dict[str, Any]
 
-# A worker whose task raises exits 1 (``run`` in dcp_invariant/suite/worker.py): what the rank
-# that outlives a peer dying mid-save does when DCP's collective save fails under it.
-SURVIVOR_EXIT_CODE = 1
-
 
 def derive(name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED) -> list[str]:
     scenario = run_plan.scenario(name)
     reasons = [f"error: {e}" for e in obs["errors"]]
+    if scenario.family == "reshard" and obs["left_out"] != list(run_plan.rank_local):
+        reasons.append(
+            f"plan: the reshard left out {obs['left_out']}, the plan's rank-local components "
+            f"are {list(run_plan.rank_local)}"
+        )
     reasons += FAMILY_RULES[scenario.family](scenario, obs)
     for key in ("commit", "baseline", "candidate"):
         if obs.get(key) is not None:
@@ -58,6 +59,8 @@ def result_record(
     }
     if run_plan.kind == "fixture":
         result["warnings"] = warnings(obs["left_running"])
+        # What this scenario did not check, as the plan declared: rank-local components.
+        result["left_out"] = obs.get("left_out", [])
     return result
 
 
@@ -103,6 +106,12 @@ def summary_record(
 
 def _training(scenario: plan.Scenario, obs: Obs) -> list[str]:
     reasons, saved, reference = _training_source(obs, scenario.source_world_size)
+    # The registered fixture replicates its state on every rank (README, "Limits"), and these
+    # scenarios load it at another world size: there, and only there, ranks must agree, and
+    # every resumed rank is held to the first complete source rank's state.
+    reasons += _consensus(list(saved.values()), "source: saved state")
+    reasons += _consensus(list(reference.values()), "source: uninterrupted next step")
+    first = min(saved, default=None)
     commit = obs["commit"]
     if commit is None:
         return [*reasons, "commit: did not run"]
@@ -112,7 +121,13 @@ def _training(scenario: plan.Scenario, obs: Obs) -> list[str]:
         return [*reasons, "target: did not run"]
     reasons += _group(target, scenario.target_world_size, "target")
     for rank in target["ranks"]:
-        reasons += _resumed(rank, commit, saved, reference, f"target rank {rank['rank']}")
+        reasons += _resumed(
+            rank,
+            commit,
+            saved.get(first) if first is not None else None,
+            reference.get(first) if first is not None else None,
+            f"target rank {rank['rank']}",
+        )
     return reasons
 
 
@@ -167,7 +182,7 @@ def _elastic(scenario: plan.Scenario, obs: Obs) -> list[str]:
             f"not {' '.join(plan.TORCHRUN_ARGUMENTS)}"
         )
     if launcher["timed_out"]:
-        reasons.append("torchrun: timed out and was killed")
+        reasons.append(timed_out("torchrun (the restarted job)"))
     elif launcher["exit_code"] != 0:
         reasons.append(f"torchrun: exited with code {launcher['exit_code']} after the restart")
     reasons += _guard(launcher["guard"])
@@ -186,7 +201,9 @@ def _elastic(scenario: plan.Scenario, obs: Obs) -> list[str]:
             reasons.append(f"{where}: TORCHELASTIC_MAX_RESTARTS is {rank['max_restarts']}, not 1")
         if not rank["master_addr_loopback"]:
             reasons.append(f"{where}: the rendezvous address was not numeric loopback")
-        reasons += _resumed(rank, commit, saved, reference, where)
+        # Each restarted rank resumes its own state: per-rank state need not be replicated.
+        r = rank["rank"]
+        reasons += _resumed(rank, commit, saved.get(r), reference.get(r), where)
     after = obs["after"]
     if after is None:
         return [*reasons, "post-restart check: did not run"]
@@ -210,7 +227,7 @@ def _rank_exit(scenario: plan.Scenario, obs: Obs) -> list[str]:
             f"code {plan.RANK_EXIT_CODE}"
         )
     if source["timed_out"]:
-        reasons.append("source: timed out and was killed")
+        reasons.append(timed_out("source"))
     if len(codes) != scenario.source_world_size:
         reasons.append(f"source: {len(codes)} exit codes for {scenario.source_world_size} ranks")
     elif not 0 <= dying < len(codes):
@@ -219,7 +236,7 @@ def _rank_exit(scenario: plan.Scenario, obs: Obs) -> list[str]:
         if codes[dying] != planned:
             reasons.append(f"source rank {dying}: exit code {codes[dying]}, expected {planned}")
         for r, c in enumerate(codes):
-            if r == dying or c == SURVIVOR_EXIT_CODE:
+            if r == dying or c == plan.SURVIVOR_EXIT_CODE:
                 continue
             if c == 0:
                 # DCP's save is collective: a peer that finished it cleanly never noticed.
@@ -229,7 +246,7 @@ def _rank_exit(scenario: plan.Scenario, obs: Obs) -> list[str]:
             else:
                 reasons.append(
                     f"source rank {r}: exit code {c}; a rank whose save fails under it exits "
-                    f"{SURVIVOR_EXIT_CODE}"
+                    f"{plan.SURVIVOR_EXIT_CODE}"
                 )
     reasons += _rank_set(source["ranks"], scenario.source_world_size, "source")
     # Each rank reports after each save: the baseline, never the save cut short.
@@ -415,6 +432,8 @@ def _resume(scenario: plan.Scenario, obs: Obs) -> list[str]:
     for rank in target["ranks"]:
         where = f"rank {rank['rank']}"
         reasons += _loaded_through_pointer(rank, commit, f"resumed {where}")
+        if rank["load_error"] is not None:
+            continue
         if rank["loaded"] is None:
             reasons.append(f"resumed {where}: did not load")
             continue
@@ -423,6 +442,7 @@ def _resume(scenario: plan.Scenario, obs: Obs) -> list[str]:
         others = {r: s for r, s in saved.items() if r != rank["rank"]}
         cause_1 += diagnosis.round_trip(where, mine, rank["loaded"], others, rank["diffs"])
         hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
+    cause_1 += _load_failures(target["ranks"], w, w, lambda r: f"resumed rank {r}")
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
     for rank in loaded_ranks:
@@ -476,6 +496,9 @@ def _async_resume(scenario: plan.Scenario, obs: Obs) -> list[str]:
 
 
 def _reshard(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    """Saved at a, loaded at b: every saved key loaded by some rank, each equal to what its
+    source rank saved. Components declared rank-local (``left_out``, held to the plan by
+    :func:`derive`) are neither loaded nor compared: each target rank keeps its own."""
     n, a, b = obs["steps_before_save"], scenario.source_world_size, scenario.target_world_size
     reasons = _fixture_arm(obs["source"], a, n, 0, "source")
     if reasons:
@@ -488,26 +511,30 @@ def _reshard(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if target is None:
         return [*reasons, "target: did not run"]
     reasons += _group(target, b, "resharded group")
-    saved = _saved_by_rank(obs["source"])
+    left_out = set(obs["left_out"])
+    saved = {r: _without(keys, left_out) for r, keys in _saved_by_rank(obs["source"]).items()}
     hints: list[str] = []
     for rank in target["ranks"]:
         where = f"rank {rank['rank']} at world size {b}"
         reasons += _loaded_through_pointer(rank, commit, where)
+        if rank["load_error"] is not None:
+            continue
         if rank["loaded"] is None:
             reasons.append(f"{where}: did not load")
             continue
         # A rank beyond the source's takes the place of rank r mod a: replicated values agree.
         source_rank = rank["rank"] % a
         expected = saved.get(source_rank, {})
+        loaded = _without(rank["loaded"], left_out)
         others = {r: s for r, s in saved.items() if r != source_rank}
         reasons += diagnosis.round_trip(
             f"{where} (saved by rank {source_rank} at {a})",
             expected,
-            rank["loaded"],
+            loaded,
             others,
             rank["diffs"],
         )
-        hints += [h for h in diagnosis.round_trip_hints(expected, rank["loaded"]) if h not in hints]
+        hints += [h for h in diagnosis.round_trip_hints(expected, loaded) if h not in hints]
         found = _non_finite_loss(rank, n)
         if found is not None:
             reasons.append(diagnosis.non_finite_loss(where, *found))
@@ -515,14 +542,80 @@ def _reshard(scenario: plan.Scenario, obs: Obs) -> list[str]:
             reasons.append(
                 f"{where}: took {len(rank['steps'])} steps, the plan has {obs['steps_after']}"
             )
-    for index in range(obs["steps_after"]):
-        losses = [r["steps"][index]["loss"] for r in target["ranks"] if len(r["steps"]) > index]
-        if len(set(losses)) > 1:
+    load_failures = _load_failures(target["ranks"], a, b, lambda r: f"rank {r} at world size {b}")
+    if load_failures:
+        return reasons + load_failures
+    # No rule here asks the ranks to agree with each other (on the loss, say): a rank's data and
+    # loss may be its own. What the whole group must do is load everything that was saved.
+    loaded_anywhere: set[str] = set()
+    for rank in target["ranks"]:
+        loaded_anywhere.update(rank["loaded"] or {})
+    if len(target["ranks"]) == b and all(r["loaded"] is not None for r in target["ranks"]):
+        unloaded = sorted({k for keys in saved.values() for k in keys} - loaded_anywhere)
+        if unloaded:
+            components = sorted({_component(k) for k in unloaded})
             reasons.append(
-                f"resharded group: ranks disagree on the loss of step {n + index + 1}: "
-                + ", ".join(diagnosis.number(x) for x in losses)
+                f"{diagnosis.NOT_LOADED}: saved at world size {a}, loaded by no rank at {b}: "
+                f"{diagnosis.named(unloaded)}; their values are dropped, as a loader keyed by "
+                "rank loses its positions (torchtitan issue #811): make the state a DTensor, "
+                "or, if each rank may start it afresh when the world size changes, declare it "
+                + " ".join(f"--rank-local {c}" for c in components)
             )
     return reasons + hints
+
+
+def _component(key: str) -> str:
+    """The top-level component of a recorded key: ``app.<component>...`` (the tool saves the
+    app as ``{"app": app}``)."""
+    return key.split(".", 2)[1] if key.count(".") else key
+
+
+def _without(keys: Mapping[str, str], components: set[str]) -> dict[str, str]:
+    if not components:
+        return dict(keys)
+    return {k: v for k, v in keys.items() if _component(k) not in components}
+
+
+def _load_failures(ranks: list[Obs], a: int, b: int, where: Callable[[int], str]) -> list[str]:
+    """Each rank's own load failure; DCP fails the load on every rank when one rank's fails."""
+    failed = [r for r in ranks if r["load_error"] is not None]
+    reasons = [
+        r for rank in failed for r in _load_failure(rank["load_error"], where(rank["rank"]), a, b)
+    ]
+    if failed and not reasons:
+        cause = diagnosis.DOES_NOT_RESHARD if a != b else diagnosis.ROUND_TRIP
+        ranks_named = ", ".join(str(r["rank"]) for r in failed)
+        reasons.append(f"{cause}: the load failed on ranks {ranks_named}, each blaming another")
+    return reasons
+
+
+def _load_failure(error: Obs, where: str, a: int, b: int) -> list[str]:
+    """Why DCP's load failed on a rank, as a cause; resharding or not (``a == b``)."""
+    kind, key = error["kind"], error["key"]
+    if kind == "another rank":
+        return []  # the rank whose own load failed says why
+    if a == b:
+        cause, why = diagnosis.ROUND_TRIP, "state_dict() names it at the load, not at the save"
+    else:
+        cause = diagnosis.DOES_NOT_RESHARD
+        why = (
+            f"make it a DTensor, or declare its component rank-local (--rank-local "
+            f"{_component(key or '')})"
+        )
+    if kind == "missing key":
+        reshard = ": state keyed by rank does not reshard (torchtitan issue #811)" if a != b else ""
+        return [
+            f"{cause}: {where}: the checkpoint saved at world size {a} has no {key}{reshard}; {why}"
+        ]
+    if kind == "size mismatch":
+        return [
+            f"{cause}: {where}: {key} was saved with another size than it has here: a tensor "
+            f"that differs by rank and is not a DTensor does not reshard; {why}"
+        ]
+    return [
+        f"{cause}: {where}: DCP's load raised {error['exception']}; its traceback is in the "
+        "worker's log"
+    ]
 
 
 FAMILY_RULES = {
@@ -616,10 +709,11 @@ def _registered_sightings(
                 where = f"{group} rank {rank['rank']}'s global tensor digest"
                 seen.add("the DTensor's global digest", name, where, rank["global_digest"])
         return
-    # Only the registered fixture is exact across world sizes; a user's is compared at one.
-    at = "" if run_plan.kind == "registered" else f" on {w} ranks"
     for rank in obs["source"]["ranks"]:
         where = f"source rank {rank['rank']}"
+        # Only the registered fixture is replicated and exact across world sizes; a user's
+        # state may be per rank, so it is compared rank by rank at one world size.
+        at = "" if run_plan.kind == "registered" else f" on rank {rank['rank']} of {w}"
         if rank["saves"]:
             seen.add(f"the state after {n} steps{at}", name, f"{where}'s save", rank["saves"][0])
         if len(rank["saves"]) > 1:  # the damage scenarios' candidate, one step later
@@ -677,8 +771,12 @@ def _fixture_sightings(seen: _Sightings, name: str, obs: Obs, w: int) -> None:
 # --- shared checks --------------------------------------------------------------------------
 
 
-def _training_source(obs: Obs, world_size: int) -> tuple[list[str], Any, Any]:
-    """Reasons about the saving group, plus the saved state and uninterrupted next step (rank 0)."""
+def _training_source(obs: Obs, world_size: int) -> tuple[list[str], dict[int, Any], dict[int, Any]]:
+    """Reasons about the saving group, plus each rank's saved state and uninterrupted next step.
+
+    Nothing here requires the ranks to agree: a rank's state is its own unless a rule that
+    reshards says otherwise (:func:`_training`).
+    """
     source = obs["source"]
     reasons = _group(source, world_size, "source")
     ranks = source["ranks"]
@@ -686,17 +784,15 @@ def _training_source(obs: Obs, world_size: int) -> tuple[list[str], Any, Any]:
         if len(rank["saves"]) != 1 or rank["next"] is None:
             reasons.append(f"source rank {rank['rank']}: did not save once and step as planned")
     complete = [r for r in ranks if len(r["saves"]) == 1 and r["next"] is not None]
-    reasons += _consensus([r["saves"][-1] for r in complete], "source: saved state")
-    reasons += _consensus([r["next"] for r in complete], "source: uninterrupted next step")
-    if not complete:
-        return reasons, None, None
-    return reasons, complete[0]["saves"][-1], complete[0]["next"]
+    saved = {r["rank"]: r["saves"][-1] for r in complete}
+    reference = {r["rank"]: r["next"] for r in complete}
+    return reasons, saved, reference
 
 
 def _group(group: Obs, world_size: int, where: str) -> list[str]:
     reasons = []
     if group["timed_out"]:
-        reasons.append(f"{where}: timed out and was killed")
+        reasons.append(timed_out(where))
     codes = group["exit_codes"]
     if len(codes) != world_size:
         reasons.append(f"{where}: {len(codes)} exit codes for {world_size} ranks")
@@ -711,6 +807,17 @@ def _group(group: Obs, world_size: int, where: str) -> list[str]:
         if c != 0 and not (c == 1 and r in stopped)
     ]
     return reasons + _rank_set(group["ranks"], world_size, where)
+
+
+TIMEOUT = "timeout"
+
+
+def timed_out(phase: str) -> str:
+    """A group that outran ``--timeout``: the phase, and what to do if the loop is that slow."""
+    return (
+        f"{TIMEOUT}: {phase}: timed out and was killed; if the loop is that slow, raise "
+        "--timeout SECONDS (the limit of each worker group)"
+    )
 
 
 def _rank_set(ranks: list[Obs], world_size: int, where: str) -> list[str]:
@@ -749,21 +856,9 @@ def _promoted(commit: Obs, where: str) -> list[str]:
     return reasons
 
 
-def dcp_files(world_size: int, *, metadata: bool = True) -> list[str]:
-    """The files a DCP save at ``world_size`` writes, in the receipt's (byte) order.
-
-    torch's FileSystemWriter (torch/distributed/checkpoint/filesystem.py) names each rank's data
-    ``__<rank>_<n>.distcp`` and, writing one file per rank by default
-    (``single_file_per_rank=True``, one thread), creates exactly ``__<rank>_0.distcp`` on every
-    rank, empty or not; the coordinator's ``finish`` adds ``.metadata`` last.
-    """
-    shards = [f"__{rank}_0{plan.SHARD_SUFFIX}" for rank in range(world_size)]
-    return [plan.METADATA_FILE, *shards] if metadata else shards
-
-
 def _dcp_files(commit: Obs, world_size: int, where: str, *, metadata: bool = True) -> list[str]:
     names = [f["path"] for f in commit["files"]]
-    expected = dcp_files(world_size, metadata=metadata)
+    expected = plan.dcp_files(world_size, metadata=metadata)
     if names == expected:
         return []
     return [
@@ -814,21 +909,35 @@ def _loaded_through_pointer(rank: Obs, commit: Obs, where: str) -> list[str]:
 
 
 def _resumed(rank: Obs, commit: Obs, saved: Any, reference: Any, where: str) -> list[str]:
+    """One resumed rank against the state its source rank saved and that rank's next step."""
     reasons = _loaded_through_pointer(rank, commit, where)
     if rank["loaded"] is None or rank["next"] is None:
         return [*reasons, f"{where}: did not load and step"]
-    if saved is not None:
-        reasons += _compare_digests(saved, rank["loaded"], f"{where}: after load")
-    if reference is not None:
-        if rank["next"]["loss"] != reference["loss"]:
-            reasons.append(
-                f"{where}: resumed step loss {rank['next']['loss']} differs from the uninterrupted "
-                f"{reference['loss']}"
-            )
-        reasons += _compare_digests(
-            reference["digests"], rank["next"]["digests"], f"{where}: after the resumed step"
+    lost = [] if saved is None else _compare_digests(saved, rank["loaded"], f"{where}: after load")
+    reasons += [f"{diagnosis.ROUND_TRIP}: {r}" for r in lost]
+    if reference is None:
+        return reasons
+    # Loaded == saved, yet the step differs: what steers it is not saved. Otherwise the step
+    # follows from the load already reported, and says nothing more about the cause.
+    cause, tail = (
+        (diagnosis.ROUND_TRIP, ", a consequence of the load")
+        if lost
+        else (diagnosis.OUTSIDE_STATE_DICT, f"; {diagnosis.SUSPECTS}")
+    )
+    diverged = []
+    if rank["next"]["loss"] != reference["loss"]:
+        diverged.append(
+            f"{where}: resumed step loss {rank['next']['loss']} differs from the uninterrupted "
+            f"{reference['loss']}"
         )
-    return reasons
+    diverged += _compare_digests(
+        reference["digests"], rank["next"]["digests"], f"{where}: after the resumed step"
+    )
+    return (
+        reasons
+        + [f"{cause}: {r}{tail}" for r in diverged[:1]]
+        + [f"{cause}: {r}" for r in diverged[1:]]
+    )
 
 
 def _compare_digests(expected: dict[str, str], got: dict[str, str], where: str) -> list[str]:

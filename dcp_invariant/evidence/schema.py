@@ -1,4 +1,4 @@
-"""Schema v2 of the evidence artifact: its file layout and bounds, defined once.
+"""The evidence artifact's schema: versions, file layout and bounds, defined once.
 
 The artifact holds one observation and one result per scenario of the plan
 (:mod:`dcp_invariant.plan`), and the verifier refuses any other set of files.
@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from dcp_invariant.plan import SCENARIO_NAMES, Plan
 
 SCHEMA_VERSION = 2  # the registered suite's artifact
-# A fixture run's: per-key state records, the plan in provenance, and since 4 the programs its
-# groups left running (3 lacked them; this verifier refuses it rather than guess).
-FIXTURE_SCHEMA_VERSION = 4
+# A fixture run's: per-key state records, the plan in provenance, since 4 the programs its
+# groups left running, and since 5 the fixture's arguments and rank-local components in the
+# plan, what a reshard left out and why a load failed (older ones are refused, not guessed at).
+FIXTURE_SCHEMA_VERSION = 5
 MAX_FILE_BYTES = 1 << 20  # observations are a few KiB; anything near this is not ours
 # A fixture run records every key of the user's state at every phase: bounded, but larger.
 MAX_FIXTURE_FILE_BYTES = 32 << 20

@@ -11,6 +11,7 @@ import importlib
 import inspect
 import math
 import os
+import sys
 import sysconfig
 import traceback
 from collections.abc import Callable, Mapping
@@ -29,15 +30,16 @@ class App(Protocol):
         ...
 
 
-Fixture = Callable[[int, int], App]
+Fixture = Callable[..., App]  # (rank, world_size, **fixture_args)
 
 
 class FixtureError(ValueError):
     """A fixture spec that does not name a usable fixture."""
 
 
-def load_fixture(spec: str) -> Fixture:
-    """Resolve ``"package.module:callable"`` to the fixture callable."""
+def load_fixture(spec: str, arguments: Mapping[str, Any] | None = None) -> Fixture:
+    """Resolve ``"package.module:callable"`` to the fixture callable, checking that it can be
+    called as ``CALLABLE(rank, world_size, **arguments)``."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise FixtureError(f"fixture {spec!r}: expected 'package.module:callable'")
@@ -46,7 +48,7 @@ def load_fixture(spec: str) -> Fixture:
     except ModuleNotFoundError as exc:
         if exc.name is None or not _names_the_module(exc.name, module_name):
             raise FixtureError(_import_failure(spec, module_name, exc)) from None
-        raise FixtureError(f"fixture {spec!r}: cannot import {module_name!r} ({exc})") from None
+        raise FixtureError(_not_found(spec, module_name, exc)) from None
     except SyntaxError as exc:  # and IndentationError, TabError: the module cannot even compile
         where = f"{exc.filename}:{exc.lineno}: " if exc.filename else ""
         raise FixtureError(
@@ -68,30 +70,37 @@ def load_fixture(spec: str) -> Fixture:
             ) from exc
     if not callable(target):
         raise FixtureError(f"fixture {spec!r}: {attr!r} is not callable")
-    _check_signature(spec, attr, target)
+    _check_signature(spec, attr, target, arguments or {})
     fixture: Fixture = target
     return fixture
 
 
-def _check_signature(spec: str, attr: str, target: Callable[..., Any]) -> None:
-    """The fixture is called as ``CALLABLE(rank, world_size)``: one that cannot bind those two
-    arguments would raise TypeError in every scenario, so it is bad input, found here."""
+def _check_signature(
+    spec: str, attr: str, target: Callable[..., Any], arguments: Mapping[str, Any]
+) -> None:
+    """The fixture is called as ``CALLABLE(rank, world_size, **arguments)``: one that cannot
+    bind those would raise TypeError in every scenario, so it is bad input, found here."""
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):
         return  # a builtin or extension callable without one: the call itself will tell
     try:
-        signature.bind(0, 1)
+        signature.bind(0, 1, **arguments)
     except TypeError as exc:
         # Names and defaults only: annotations may be strings (PEP 563), which read badly.
         bare = signature.replace(
             parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
             return_annotation=signature.empty,
         )
+        given = "".join(f", {name}=..." for name in arguments)
+        fix = (
+            "pass its other parameters with --fixture-arg NAME=VALUE, or give them defaults"
+            if not arguments
+            else "pass only the --fixture-arg names it takes, and every one it needs"
+        )
         raise FixtureError(
-            f"fixture {spec!r}: {attr}{bare} cannot be called as {attr}(rank, world_size) "
-            f"({exc}); give its other parameters defaults, or point --fixture at a function "
-            "that supplies them"
+            f"fixture {spec!r}: {attr}{bare} cannot be called as {attr}(rank, world_size"
+            f"{given}) ({exc}); {fix}"
         ) from None
 
 
@@ -107,8 +116,37 @@ def _import_failure(spec: str, module_name: str, exc: BaseException) -> str:
     detail = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
     fix = f"fix the module so that 'import {module_name}' succeeds"
     if isinstance(exc, ModuleNotFoundError) and exc.name:
-        fix = f"install {exc.name.partition('.')[0]} for this Python, or {fix}"
+        top = exc.name.partition(".")[0]
+        fix = _src_layout(top) or f"install {top} for this Python, or {fix}"
     return f"fixture {spec!r}: importing {module_name!r} failed: {where}{detail}; {fix}"
+
+
+def _not_found(spec: str, module_name: str, exc: ModuleNotFoundError) -> str:
+    """The fixture's own module (or a package on its path) is nowhere on ``sys.path``."""
+    top = module_name.partition(".")[0]
+    fix = _src_layout(top) or f"check the name, run where {top} is, or install it"
+    return (
+        f"fixture {spec!r}: cannot import {module_name!r} ({exc}) from {_current_directory()} "
+        f"(the current directory) or PYTHONPATH, nor is it installed; {fix}"
+    )
+
+
+def _current_directory() -> str:
+    """The directory dcp-invariant was run in: ``run`` puts it first on ``sys.path``
+    (cli._run), and workers inherit ``sys.path`` but work in their scenario's workspace."""
+    first = sys.path[0] if sys.path else ""
+    return first if os.path.isabs(first) else os.getcwd()
+
+
+def _src_layout(top: str) -> str | None:
+    """A src/ layout's fix: its packages are importable only with src/ on the path."""
+    src = Path(_current_directory(), "src")
+    searched = {os.path.realpath(p) for p in sys.path if p}
+    if os.path.realpath(src) in searched:
+        return None  # PYTHONPATH=src is given already: something else is wrong
+    if (src / top).is_dir() or (src / f"{top}.py").is_file():
+        return f"{top} is under src/: run with PYTHONPATH=src (or install the project)"
+    return None
 
 
 def _raising_frame(exc: BaseException) -> traceback.FrameSummary | None:
@@ -163,10 +201,12 @@ class Anchored:
             os.chdir(self._home)
 
 
-def build_app(spec: str, rank: int, world_size: int) -> App:
+def build_app(
+    spec: str, rank: int, world_size: int, arguments: Mapping[str, Any] | None = None
+) -> App:
     home = os.getcwd()
     try:
-        app = load_fixture(spec)(rank, world_size)
+        app = load_fixture(spec, arguments)(rank, world_size, **(arguments or {}))
     finally:
         os.chdir(home)
     missing = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import multiprocessing.util
+import os
 import re
 import tempfile
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 from dcp_invariant import plan, runtimes
 from dcp_invariant.evidence import rules
 from dcp_invariant.suite import reaper
+from dcp_invariant.suite.console import Log
 from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool
 from dcp_invariant.suite.scenarios import DRIVERS
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
@@ -41,7 +43,7 @@ class Finished:
     verdict: str
     seconds: float
     reasons: list[str]
-    logs: str
+    logs: list[Log]  # a failing scenario's notes and every worker log, whole; none of a pass
     warnings: list[str] = field(default_factory=list)
 
 
@@ -115,7 +117,7 @@ def run_suite(
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
             if run_plan.kind == "fixture":
-                _probe_fixture(pool, workspace / "fixture-probe", fixture)
+                _probe_fixture(pool, workspace / "fixture-probe", fixture, run_plan)
             shared = SharedGroups(workspace / "shared", STORE_ROOT)
 
             begun: list[str] = []
@@ -139,8 +141,7 @@ def run_suite(
                 if run_plan.kind == "fixture":
                     obs["left_running"] = left_running
                 reasons = rules.derive(name, obs, run_plan)
-                tails = [t for t in (o.log_tail() for _, o in ctx.outcomes) if t]
-                logs = "" if not reasons else "\n".join([*ctx.notes, *tails])
+                logs = [] if not reasons else _logs(ctx)
                 with lock:
                     observations[name] = obs
                     if on_finish is not None:
@@ -196,7 +197,7 @@ class FixtureTimeout(RuntimeError):
     """The fixture's first step did not finish in time: a failure, not bad input."""
 
 
-def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str) -> None:
+def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str, run_plan: plan.Plan) -> None:
     """Build the fixture once at world size 1 and take one step, before any scenario runs.
 
     Interface problems are bad input. A fixture whose own code raises is not: the scenarios run
@@ -208,7 +209,11 @@ def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str) -> None:
         1,
         workdir,
         "probe",
-        {"fixture": fixture},
+        {
+            "fixture": fixture,
+            "fixture_args": run_plan.arguments,
+            "rank_local": list(run_plan.rank_local),
+        },
     )
     if outcome.timed_out:
         raise FixtureTimeout(
@@ -217,6 +222,28 @@ def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str) -> None:
         )
     if outcome.results and outcome.results[0]["problem"] is not None:
         raise FixtureProblem(outcome.results[0]["problem"])
+
+
+# A loop may print without end: the console shows a few lines of each log, and its traceback
+# is at the end, so the end is what is read.
+LOG_TAIL_BYTES = 256 << 10
+
+
+def _logs(ctx: ScenarioContext) -> list[Log]:
+    """Read before the workspace goes: the console decides what of them it shows."""
+    logs = [Log("", note) for note in ctx.notes]
+    for _, outcome in ctx.outcomes:
+        logs += [Log(p.name, _tail(p)) for p in outcome.logs if p.exists()]
+    return logs
+
+
+def _tail(path: Path) -> str:
+    with open(path, "rb") as log:
+        size = log.seek(0, os.SEEK_END)
+        log.seek(max(0, size - LOG_TAIL_BYTES))
+        data = log.read()
+    text = data.decode(errors="replace")
+    return text.split("\n", 1)[-1] if size > LOG_TAIL_BYTES else text  # from a whole line
 
 
 # What a worker's log says when the machine, not the checkpoint, failed it.

@@ -109,6 +109,8 @@ def loopback_gloo_options() -> Any:
 # The PID that started a subprocess the suite launches (the torchrun agent, its ranks), set by
 # that parent in the child's environment.
 PARENT_PID_ENV = "DCP_INVARIANT_PARENT_PID"
+# The runner's multiprocessing directory, for workers that are fresh interpreters (torchrun's).
+MULTIPROCESSING_TEMP_ENV = "DCP_INVARIANT_MULTIPROCESSING_TEMP"
 
 
 def die_with_parent(parent: int | None = None) -> None:
@@ -153,6 +155,8 @@ def run(
     # What this worker's loop starts and abandons (a double fork, a detached daemon) is handed
     # to it instead of to init, so it is found and killed when the task ends.
     reaper.become_subreaper()
+    use_platform_start_method()
+    adopt_multiprocessing_temp_dir()
     os.environ.update(isolated_environment(workdir))
     # What this worker starts carries its group's token, so the pool finds it when the group
     # ends, whatever session it moved to (:mod:`.reaper`).
@@ -191,6 +195,43 @@ def run(
         )
         if left:
             (workdir / stragglers_path(group, rank)).write_text("\n".join(left) + "\n")
+
+
+def adopt_multiprocessing_temp_dir() -> None:
+    """Put multiprocessing's sockets where the runner's are, in a worker that is a fresh
+    interpreter (torchrun starts its ranks so).
+
+    multiprocessing makes its sockets (a DataLoader worker's tensors go through one:
+    ``DupFd`` in torch/multiprocessing/reductions.py, ``resource_sharer`` in
+    multiprocessing/resource_sharer.py) in ``util.get_temp_dir()``, a ``pymp-*`` directory
+    under TMPDIR chosen once per process (multiprocessing/util.py). A worker's TMPDIR is its
+    scenario's, deeper than the runner's, and an AF_UNIX path over 108 bytes (104 on macOS)
+    cannot be bound: the DataLoader's feeder thread then drops every batch and the rank waits
+    for it until the timeout. Forked workers inherit the runner's directory, which is short
+    (:func:`dcp_invariant.suite.workspace._short_socket_directory`); torchrun's ranks are given
+    it here. It is the runner's own, removed when the run ends.
+    """
+    directory = os.environ.get(MULTIPROCESSING_TEMP_ENV)
+    config = multiprocessing.process.current_process()._config  # type: ignore[attr-defined]
+    if directory and os.path.isdir(directory) and not config.get("tempdir"):
+        config["tempdir"] = directory
+
+
+def use_platform_start_method() -> None:
+    """Give the loop the start method a script of its own gets: the platform's default.
+
+    multiprocessing makes a child's default start method the one it was started with
+    (``context._force_start_method`` in ``BaseProcess._bootstrap``, multiprocessing/process.py),
+    so a worker from the fork server defaulted to ``forkserver`` (one from a standby, to
+    ``spawn``). A loader with no ``multiprocessing_context`` uses that default
+    (torch/utils/data/dataloader.py, ``_MultiProcessingDataLoaderIter``; torchdata's
+    ``StatefulDataLoader`` likewise): each worker then started a fork server of its own, a fresh
+    interpreter that preloads none of torch, and every DataLoader worker forked from it imported
+    torch anew, seconds for each ``iter(loader)``; the server was left running and reported as
+    a straggler. Reset, the default is what ``python train.py`` has: ``fork`` on Linux before
+    Python 3.14, ``spawn`` on macOS and Windows.
+    """
+    multiprocessing.set_start_method(None, force=True)
 
 
 def standby(jobs: Any, ready: Any, parent: int, home: str, preload: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""A fixture run's artifact (schema v4), put together without torch for the torch-free tests.
+"""A fixture run's artifact (schema v5), put together without torch for the torch-free tests.
 
 No real fixture-run artifact is checked in yet; this one has the structure a run of
 ``examples/mlp_fixture.py`` at world sizes 1 and 2 gives: per-key records that agree wherever
@@ -87,6 +87,7 @@ def resume_group(a: int, b: int, compare: bool) -> dict[str, Any]:
     ranks = [
         {
             "diffs": [],
+            "load_error": None,
             "generation": "receipt-1",
             "loaded": keys(a, n),
             "rank": r,
@@ -144,6 +145,7 @@ def observations() -> dict[str, dict[str, Any]]:
                 "commit": commit(a),
                 "source": train_group(a, 0),
                 "target": resume_group(a, b, compare=False),
+                "left_out": [],
             }
     # A loop that left a child running in its uninterrupted run: a warning, not a failure.
     out["resume_2"]["left_running"] = [{"group": "reference", "programs": ["sleep"]}]

@@ -17,7 +17,7 @@ from artifact_data import DATA_ARTIFACT, read_observations
 from forge import reaggregate
 
 from dcp_invariant import plan
-from dcp_invariant.evidence import observation, rules
+from dcp_invariant.evidence import diagnosis, observation, rules
 
 Obs = dict[str, Any]
 REAL: dict[str, Obs] = read_observations(DATA_ARTIFACT)
@@ -155,25 +155,15 @@ RESUME = [
         _on_last_target(setter("verified_after_load", value=False)),
         "verification failed after load",
     ),
-    Mutation(
-        "source saves disagree",
-        _source_saves_disagree,
-        "source: saved state: ranks disagree",
-        two_source_ranks,
-    ),
-    Mutation(
-        "source next steps disagree",
-        _source_next_disagrees,
-        "source: uninterrupted next step: ranks disagree",
-        two_source_ranks,
-    ),
     Mutation("source did not save", _drop_first_save, "did not save once and step as planned"),
     Mutation(
         "source exit code nonzero",
         setter("source", "exit_codes", 0, value=1),
         "source rank 0: exited with code 1",
     ),
-    Mutation("source timed out", setter("source", "timed_out", value=True), "source: timed out"),
+    Mutation(
+        "source timed out", setter("source", "timed_out", value=True), "timeout: source: timed out"
+    ),
     Mutation(
         "commit not promoted", _unpromoted("commit"), "was not promoted (__0_0.distcp: digest)"
     ),
@@ -192,6 +182,19 @@ RESUME = [
 
 TRAINING = [
     *RESUME,
+    # The registered fixture's state is replicated and these scenarios reshard it.
+    Mutation(
+        "source saves disagree",
+        _source_saves_disagree,
+        "source: saved state: ranks disagree",
+        two_source_ranks,
+    ),
+    Mutation(
+        "source next steps disagree",
+        _source_next_disagrees,
+        "source: uninterrupted next step: ranks disagree",
+        two_source_ranks,
+    ),
     Mutation(
         "promoted without a receipt",
         setter("commit", "receipt", value=None),
@@ -202,7 +205,9 @@ TRAINING = [
         setter("target", "exit_codes", 0, value=1),
         "target rank 0: exited with code 1",
     ),
-    Mutation("target timed out", setter("target", "timed_out", value=True), "target: timed out"),
+    Mutation(
+        "target timed out", setter("target", "timed_out", value=True), "timeout: target: timed out"
+    ),
     Mutation("target rank missing", _drop_last_target_rank, "target: reports from ranks"),
     Mutation("target did not run", setter("target", value=None), "target: did not run"),
 ]
@@ -275,7 +280,9 @@ ELASTIC = [
         "torchrun: exited with code 1",
     ),
     Mutation(
-        "torchrun timed out", setter("launcher", "timed_out", value=True), "torchrun: timed out"
+        "torchrun timed out",
+        setter("launcher", "timed_out", value=True),
+        "timeout: torchrun (the restarted job): timed out",
     ),
     Mutation(
         "torchrun without --max-restarts",
@@ -387,7 +394,9 @@ DTENSOR = [
         "target rank 0: exited with code 1",
     ),
     Mutation("target did not run", setter("target", value=None), "target: did not run"),
-    Mutation("source timed out", setter("source", "timed_out", value=True), "source: timed out"),
+    Mutation(
+        "source timed out", setter("source", "timed_out", value=True), "timeout: source: timed out"
+    ),
 ]
 
 
@@ -473,7 +482,9 @@ RANK_EXIT = [
     # The observation may not choose its own plan: the scenario defines who dies, and how.
     Mutation("plan names another rank", setter("dying_rank", value=0), "plan: rank 0 was to exit"),
     Mutation("plan names another code", setter("planned_exit_code", value=1), "code 86"),
-    Mutation("source timed out", setter("source", "timed_out", value=True), "source: timed out"),
+    Mutation(
+        "source timed out", setter("source", "timed_out", value=True), "timeout: source: timed out"
+    ),
     Mutation(
         "peer finished the save",
         setter("source", "exit_codes", 0, value=0),
@@ -540,7 +551,9 @@ DAMAGED = [
         setter("source", "exit_codes", 1, value=1),
         "source rank 1: exited with code 1",
     ),
-    Mutation("source timed out", setter("source", "timed_out", value=True), "source: timed out"),
+    Mutation(
+        "source timed out", setter("source", "timed_out", value=True), "timeout: source: timed out"
+    ),
     Mutation("damage hit the wrong kind of file", _damage_other_file, "damage: hit"),
     Mutation("damage offset inconsistent", _damage_offset_toggled, "a flip needs the offset"),
 ]
@@ -612,6 +625,57 @@ def test_out_of_range_dying_rank_is_a_reason() -> None:
     assert observation.validate("rank_exit_no_promotion", obs) == []
 
     assert rules.derive("rank_exit_no_promotion", obs) != []
+
+
+def _per_rank_elastic() -> Obs:
+    """The elastic observation with state that differs by rank, saved and resumed per rank."""
+    obs = real("elastic_restart_2_to_2")
+    source_1 = obs["source"]["ranks"][1]
+    source_1["saves"][-1]["data"] = OTHER_HEX
+    source_1["next"]["digests"]["data"] = OTHER_HEX
+    source_1["next"]["loss"] = OTHER_LOSS
+    target_1 = next(r for r in obs["target"]["ranks"] if r["rank"] == 1)
+    target_1["loaded"]["data"] = OTHER_HEX
+    target_1["next"]["digests"]["data"] = OTHER_HEX
+    target_1["next"]["loss"] = OTHER_LOSS
+    for rank in (*obs["source"]["ranks"], *obs["target"]["ranks"]):
+        if rank is not source_1 and rank is not target_1:
+            for digests in (*rank.get("saves", []), rank.get("loaded"), rank["next"]["digests"]):
+                if digests is not None:
+                    digests["data"] = "1" * 64
+    reaggregate(obs)
+    assert observation.validate("elastic_restart_2_to_2", obs) == []
+    return obs
+
+
+def test_elastic_checks_each_rank_against_its_own_state() -> None:
+    # Per-rank state that is not a DTensor (a data loader keyed by rank, say) is legitimate:
+    # each restarted rank resumes what its own source rank saved.
+    obs = _per_rank_elastic()
+    assert rules.derive("elastic_restart_2_to_2", obs) == []
+
+
+def test_elastic_names_a_rank_that_resumed_anothers_state() -> None:
+    obs = _per_rank_elastic()
+    target_1 = next(r for r in obs["target"]["ranks"] if r["rank"] == 1)
+    target_1["loaded"]["data"] = "1" * 64  # rank 0's value: what a key shared by all ranks gives
+    reaggregate(obs)
+
+    reasons = rules.derive("elastic_restart_2_to_2", obs)
+
+    assert reasons, "rank 1 resumed rank 0's state"
+    assert all(r.startswith(diagnosis.ROUND_TRIP) for r in reasons), reasons
+    assert any("restarted rank 1: after load: component 'data'" in r for r in reasons), reasons
+
+
+def test_a_resumed_step_that_differs_after_an_exact_load_is_state_outside_state_dict() -> None:
+    obs = real("elastic_restart_2_to_2")
+    last_target(obs)["next"]["loss"] = OTHER_LOSS
+    reaggregate(obs)
+
+    reasons = rules.derive("elastic_restart_2_to_2", obs)
+
+    assert reasons and all(r.startswith(diagnosis.OUTSIDE_STATE_DICT) for r in reasons), reasons
 
 
 # --- Shard(0) row counts ---------------------------------------------------------------------
@@ -712,7 +776,7 @@ SHAPES = [
         "training_1_to_1",
         "true for the schema version",
         setter("schema_version", value=True),
-        "schema_version: expected one of [2, 4], got True",
+        "schema_version: expected one of [2, 5], got True",
     ),
     (
         "training_1_to_1",

@@ -212,10 +212,10 @@ CASES = [
     ),
     (
         "unknown provenance schema version",
-        edit(schema.PROVENANCE_FILE, _set(("schema_version",), 5)),
+        edit(schema.PROVENANCE_FILE, _set(("schema_version",), 6)),
         True,
         "provenance.json",
-        "unknown schema version 5",
+        "unknown schema version 6",
     ),
     (
         "provenance claims authentication",
@@ -226,10 +226,10 @@ CASES = [
     ),
     (
         "unknown observation schema version",
-        edit(OBS, _set(("schema_version",), 5)),
+        edit(OBS, _set(("schema_version",), 6)),
         True,
         OBS,
-        "schema_version: expected one of [2, 4], got 5",
+        "schema_version: expected one of [2, 5], got 6",
     ),
     (
         "observation with an unknown key",

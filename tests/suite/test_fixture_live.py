@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,9 @@ CLI_TIMEOUT = 600
 ExampleRun = tuple[Path, subprocess.CompletedProcess[str]]
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The installed console script, as a user runs it: the fixture is found from ``cwd``."""
     script = shutil.which("dcp-invariant", path=str(Path(sys.executable).parent))
     command = [script] if script else [sys.executable, "-m", "dcp_invariant"]
@@ -43,6 +47,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=CLI_TIMEOUT,
         cwd=cwd,
+        env=env,
         check=False,
     )
 
@@ -67,14 +72,17 @@ def run_fixture(
 
 
 def derive(
-    fixture: str, names: list[str], world_sizes: tuple[int, ...] = (1, 2)
+    fixture: str,
+    names: list[str],
+    world_sizes: tuple[int, ...] = (1, 2),
+    rank_local: tuple[str, ...] = (),
 ) -> dict[str, list[str]]:
-    the_plan = plan.fixture_plan(f"fixture_loops:{fixture}", world_sizes)
+    the_plan = plan.fixture_plan(f"fixture_loops:{fixture}", world_sizes, rank_local=rank_local)
     logs: list[str] = []
 
     def keep_logs(done: runner.Finished) -> None:
         if done.logs:
-            logs.append(f"{done.name}:\n{done.logs}")
+            logs.append("\n".join([f"{done.name}:", *(log.text for log in done.logs)]))
 
     suite = runner.run_suite(run_plan=the_plan, names=names, on_finish=keep_logs)
     derived = {n: rules.derive(n, obs, the_plan) for n, obs in suite.observations.items()}
@@ -121,12 +129,14 @@ def test_the_example_fixture_holds_at_every_world_size(
         "elastic_restart_2_to_2",
     ]
     for name in names:
-        assert re.search(rf"^pass\s+{name}\s", proc.stderr, re.M), proc.stderr
+        assert re.search(rf"^pass\s+{name}\s", proc.stdout, re.M), proc.stdout
     provenance = canonical.loads((out / schema.PROVENANCE_FILE).read_bytes())
     assert provenance["schema_version"] == schema.FIXTURE_SCHEMA_VERSION
     assert provenance["plan"] == {
         "fixture": "examples.mlp_fixture:fixture",
+        "fixture_args": {},
         "kind": "fixture",
+        "rank_local": [],
         "scenarios": names,
         "steps_after": 3,
         "steps_before": 3,
@@ -280,6 +290,66 @@ def test_a_correct_loop_holds_at_world_sizes_one_two_and_four() -> None:
     assert results == {n: [] for n in names}
 
 
+# --- state that differs by rank: checked per rank, never required to agree -------------------
+
+
+def test_dataloader_workers_in_torchruns_ranks_get_their_batches_under_a_long_tmpdir() -> None:
+    # The session's TMPDIR (conftest.py) is deep, and a scenario's deeper still: a rank started
+    # by torchrun as a fresh interpreter made multiprocessing's sockets there, too long to bind,
+    # and waited for batches that never came until the timeout.
+    assert len(tempfile.gettempdir()) > 30, "the test needs a deep TMPDIR"
+    results = derive("loader_workers", ["resume_2", "elastic_restart_2_to_2"])
+    assert results == {"resume_2": [], "elastic_restart_2_to_2": []}
+
+
+def test_rank_keyed_state_resumes_per_rank_without_a_false_alarm() -> None:
+    # Each rank's loader state is its own: the torchrun restart compares each rank with itself.
+    results = derive("rank_keyed", ["resume_2", "elastic_restart_2_to_2"])
+    assert results == {"resume_2": [], "elastic_restart_2_to_2": []}
+
+
+def test_rank_keyed_state_that_cannot_reshard_is_named_both_ways() -> None:
+    results = derive("rank_keyed", ["reshard_2_to_4", "reshard_4_to_2"], (2, 4))
+    # Growing: ranks 2 and 3 ask for keys nobody saved; DCP refuses, and the cause is named.
+    grow = results["reshard_2_to_4"]
+    assert grow and all(r.startswith("does not reshard: ") for r in grow), grow
+    assert any(
+        "rank 2 at world size 4: the checkpoint saved at world size 2 has no app.loader.rank_2."
+        in r
+        and "--rank-local loader" in r
+        for r in grow
+    ), grow
+    # Shrinking: the load succeeds and silently drops ranks 2 and 3's positions (torchtitan
+    # issue #811): every key no rank loaded is named.
+    (shrink,) = results["reshard_4_to_2"]
+    assert shrink.startswith("saved state not loaded: saved at world size 4, loaded by no rank"), (
+        shrink
+    )
+    for key in ("app.loader.rank_2.order", "app.loader.rank_3.position"):
+        assert key in shrink, shrink
+    assert "app.loader.rank_1" not in shrink, shrink
+
+
+def test_rank_keyed_state_declared_rank_local_passes_at_one_two_and_four() -> None:
+    the_plan = plan.fixture_plan("fixture_loops:rank_keyed", (1, 2, 4), rank_local=("loader",))
+    results = derive("rank_keyed", list(the_plan.names), (1, 2, 4), rank_local=("loader",))
+    assert results == {n: [] for n in the_plan.names}
+
+
+def test_fixture_arguments_reach_the_fixture_and_the_plan(tmp_path: Path) -> None:
+    proc = run_fixture("fixture_loops:needs_width", tmp_path / "out", "--fixture-arg", "width=16")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    provenance = canonical.loads((tmp_path / "out" / schema.PROVENANCE_FILE).read_bytes())
+    assert provenance["plan"]["fixture_args"] == {"width": 16}
+    assert verify_artifact(tmp_path / "out").passed
+
+    proc = run_fixture("fixture_loops:needs_width", tmp_path / "bad", "--fixture-arg", "height=1")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "cannot be called as needs_width(rank, world_size, height=...)" in line, line
+    assert not (tmp_path / "bad").exists()
+
+
 # --- what the user did wrong: bad input exits 2 before any scenario ---------------------------
 
 
@@ -292,7 +362,8 @@ def test_a_correct_loop_holds_at_world_sizes_one_two_and_four() -> None:
         (
             "fixture_loops:needs_width",
             "needs_width(rank, world_size, width) cannot be called as needs_width(rank, "
-            "world_size) (missing a required argument: 'width')",
+            "world_size) (missing a required argument: 'width'); pass its other parameters "
+            "with --fixture-arg NAME=VALUE",
         ),
         ("fixture_loops:no_step", "lacks step()"),
         ("fixture_loops:not_a_mapping", "state_dict() returned a list, not a mapping"),
@@ -399,18 +470,27 @@ def test_quantized_and_strided_views_resume_exactly_and_a_lost_scale_is_caught()
 
 def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path: Path) -> None:
     proc = run_fixture("fixture_loops:raises_in_step", tmp_path / "out")
-    assert proc.returncode == 1, proc.stderr
-    assert "ValueError: boom from the fixture" in proc.stderr
-    assert "fixture_loops.py" in proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # The reasons on stdout; the logs on stderr, the fixture's traceback first, and shown once
+    # however many scenarios fail on it.
+    assert "uninterrupted run (reference) rank 0: exited with code 1" in proc.stdout
+    assert "Traceback" not in proc.stdout
+    logs = proc.stderr.splitlines()
+    assert logs[0].strip().startswith("traceback, the fixture's frames"), proc.stderr
+    assert "fixture_loops.py" in logs[1], proc.stderr
+    assert logs.count("      ValueError: boom from the fixture") == 1, proc.stderr
+    assert len(re.findall(r"^fail ", proc.stdout, re.M)) == 4, proc.stdout
     assert f"dcp_invariant{os.sep}suite" not in proc.stderr, proc.stderr
-    assert "uninterrupted run (reference) rank 0: exited with code 1" in proc.stderr
     assert verify_artifact(tmp_path / "out").valid
 
 
 def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_path: Path) -> None:
     proc = run_fixture("fixture_loops:hangs", tmp_path / "out", "--timeout", "15")
-    assert proc.returncode == 1, proc.stderr
-    assert "uninterrupted run (reference): timed out and was killed" in proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "timeout: uninterrupted run (reference): timed out and was killed; if the loop is that "
+        "slow, raise --timeout SECONDS" in proc.stdout
+    ), proc.stdout
     summary = canonical.loads((tmp_path / "out" / schema.SUMMARY_FILE).read_bytes())
     assert (summary["passed"], summary["failed"]) == (0, 4)  # resume_1 and the async resumes
 
@@ -443,3 +523,76 @@ def test_checked_in_fixture_artifact_still_matches_a_fresh_run(
     names = plan.fixture_plan("examples.mlp_fixture:fixture").names
     for rel in schema.artifact_files(names):
         assert (out / rel).read_bytes() == (kept_dir / rel).read_bytes(), rel
+
+
+# --- the README's buggy example, as it prints ---------------------------------------------------
+
+README = REPOSITORY / "README.md"
+BUGGY_COMMAND = (
+    "dcp-invariant run --fixture examples.buggy_mlp_fixture:fixture --world-sizes 1 "
+    "--output-dir out-buggy"
+)
+REGENERATE_ENV = "DCPI_REGENERATE_README"
+# Where the README's block was printed: its losses and differences are floats, whose last bits
+# depend on the torch release and on the kernels torch picks for the CPU (see the artifact test).
+README_RECORDED = TESTS / "data" / "readme-buggy-example.recorded"
+
+
+def test_the_readme_shows_what_the_buggy_example_prints(tmp_path: Path) -> None:
+    """The README's command, run as written into an output directory of its own, prints the
+    README's block; ``DCPI_REGENERATE_README=1`` rewrites the block instead."""
+    if not README.is_file() or not (REPOSITORY / "examples").is_dir():
+        pytest.skip("README.md and examples/ are not here (outside the source tree)")
+    text = README.read_text(encoding="utf-8")
+    command_block = f"```\n{BUGGY_COMMAND}\n```\n"
+    assert command_block in text, "the README no longer shows the buggy example's command"
+    block = re.compile(r"^```\n(.*?)^```$", re.M | re.S).search(
+        text, text.index(command_block) + len(command_block)
+    )
+    assert block is not None, "no output block after the buggy example's command"
+    *command, flag, directory = shlex.split(BUGGY_COMMAND)
+    assert (command[0], flag) == ("dcp-invariant", "--output-dir")
+    out = tmp_path / directory
+    # The revision is read from the environment, so the command stays the README's.
+    proc = run_cli(
+        *command[1:], flag, str(out), cwd=REPOSITORY, env={**os.environ, "GITHUB_SHA": REVISION}
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    printed = proc.stdout.replace(str(out), directory)
+    here = _torch_and_cpu()
+    if os.environ.get(REGENERATE_ENV) == "1":
+        README.write_text(text[: block.start(1)] + printed + text[block.end(1) :], "utf-8")
+        README_RECORDED.write_text(here + "\n", encoding="utf-8")
+        return
+    recorded = README_RECORDED.read_text(encoding="utf-8").strip()
+    if here != recorded:
+        pytest.skip(
+            f"the README's output was printed by torch {recorded}, this is {here}: its floats "
+            f"may differ in the last bits ({REGENERATE_ENV}=1 rewrites it)"
+        )
+    assert _as_compared(printed) == _as_compared(block[1]), (
+        f"the README's output differs from a run; {REGENERATE_ENV}=1 rewrites it"
+    )
+
+
+def _as_compared(stdout: str) -> list[str]:
+    """What must match: each scenario's verdict and reasons, not its seconds, nor the order in
+    which scenarios finished (two run at a time); then the final line."""
+    text = re.sub(r"^(\w+  \w+) +\d+\.\d s$", r"\1 N s", stdout.strip(), flags=re.M)
+    *scenarios, final = re.split(r"\n(?=\S)", text)
+    return [*sorted(scenarios), final]
+
+
+def _torch_and_cpu() -> str:
+    """torch's version and the CPU capability it runs at, e.g. ``2.13.0+cpu on AVX512``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch; print(torch.__version__, 'on', torch.backends.cpu.get_cpu_capability())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.strip()

@@ -80,10 +80,10 @@ def test_a_child_left_behind_is_killed_with_its_group_and_named(
     assert proc.returncode == 0, proc.stderr  # a leftover is a warning, not a failed resume
     # Every group that reached the second step left one; each is named once it ended.
     warnings = re.findall(
-        r"^\s+warning: (\w+): left (\w+) running; killed when it ended$", proc.stderr, re.M
+        r"^\s+warning: (\w+): left (\w+) running; killed when it ended$", proc.stdout, re.M
     )
-    assert ("reference", "sleep") in warnings, proc.stderr
-    assert ("repeat", "sleep") in warnings, proc.stderr
+    assert ("reference", "sleep") in warnings, proc.stdout
+    assert ("repeat", "sleep") in warnings, proc.stdout
     assert carrying(str(tmp_path)) == []
     assert list((tmp_path / "tmp").iterdir()) == []
     # The evidence says it too, and the verifier derives the same warnings from it.
@@ -113,7 +113,7 @@ def test_the_example_leaves_nothing_to_warn_about(tmp_path: Path) -> None:
     (async_save's process mode) are not a loop's leftovers."""
     proc = run(tmp_path, "mlp_fixture:fixture", cwd=TESTS.parent / "examples")
     assert proc.returncode == 0, proc.stderr
-    assert "warning" not in proc.stderr
+    assert "warning" not in proc.stdout
 
 
 def test_a_loop_that_changes_directory_still_resumes_and_writes_nothing_there(

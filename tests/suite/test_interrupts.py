@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -83,7 +84,7 @@ def wait_until(condition: Callable[..., object], seconds: float) -> bool:
 
 
 class Run:
-    """The CLI in the background, its stderr collected as it comes."""
+    """The CLI in the background, its stdout (verdicts) and stderr collected as they come."""
 
     def __init__(
         self, tmp_path: Path, *args: str, start_method: str | None = None, cwd: Path = TESTS
@@ -111,21 +112,28 @@ class Run:
             # A process group of its own, as a shell gives a job: a terminal's Ctrl-C reaches
             # the whole group (os.killpg), not only the runner.
             start_new_session=True,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
+        self.stdout: list[str] = []
         self.stderr: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, into), daemon=True)
+            for stream, into in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr.append(line)
+    @staticmethod
+    def _read(stream: IO[str], into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
 
     def wait_for(self, text: str, seconds: float = 120) -> None:
-        assert wait_until(lambda: any(text in line for line in self.stderr), seconds), self.stderr
+        """Until a verdict line (stdout) holds ``text``."""
+        assert wait_until(lambda: any(text in line for line in self.stdout), seconds), self.stdout
 
     def wait_for_torchrun(self, seconds: float = 120) -> None:
         """Until the torchrun job's ranks run (its scenario may be the first to finish, so not
@@ -139,7 +147,8 @@ class Run:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
-            self._reader.join(timeout=10)
+            for reader in self._readers:
+                reader.join(timeout=10)
 
     def leftovers(self) -> list[str]:
         return sorted(p.name for p in self.tmpdir.iterdir() if not p.name.startswith("pymp-"))

@@ -173,7 +173,12 @@ class ScenarioContext:
         ]
         if crash is not None:
             plan[-1]["crash"] = crash
-        payload = {"fixture": self.fixture, "saves": plan, "reference_step": reference_step}
+        payload = {
+            "fixture": self.fixture,
+            "fixture_args": self.run_plan.arguments,
+            "saves": plan,
+            "reference_step": reference_step,
+        }
         outcome = self.group(
             "source", "train_and_save", self.scenario.source_world_size, payload, shareable=True
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing.util
 import os
 import subprocess
 import sys
@@ -48,7 +49,9 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         if not ctx.commit_baseline(obs):
             return obs
 
-        exit_code, timed_out, left = _torchrun(ctx.workdir, ctx.fixture, ctx.pool)
+        exit_code, timed_out, left = _torchrun(
+            ctx.workdir, ctx.fixture, ctx.run_plan.arguments, ctx.pool
+        )
         # Each resumed rank (worker.run) kills and names its own children; the job's token
         # finds what escaped them.
         left += worker.stragglers(ctx.workdir, RESUMED_GROUP, sc.target_world_size)
@@ -99,13 +102,16 @@ def _after(ctx: ScenarioContext, obs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool, list[str]]:
+def _torchrun(
+    workdir: Path, fixture: str, fixture_args: dict[str, Any], pool: WorkerPool
+) -> tuple[int, bool, list[str]]:
     """torchrun's exit code, whether it timed out, and what its ranks left running."""
     timeout = pool.timeout
     payload = {
         "dying_rank": plan.DYING_RANK,
         "exit_code": plan.ELASTIC_EXIT_CODE,
         "fixture": fixture,
+        "fixture_args": fixture_args,
         "store": STORE_ROOT,
         "timeout": timeout,
     }
@@ -121,6 +127,8 @@ def _torchrun(workdir: Path, fixture: str, pool: WorkerPool) -> tuple[int, bool,
     env.update(worker.isolated_environment(workdir))
     env[guard.ATTESTATION_ENV] = ATTESTATION_FILE
     env[worker.PARENT_PID_ENV] = str(os.getpid())
+    if sys.platform != "win32":  # Windows' multiprocessing makes no AF_UNIX sockets
+        env[worker.MULTIPROCESSING_TEMP_ENV] = multiprocessing.util.get_temp_dir()
     # torch's agent starts each rank in a session of its own; the token finds them, and what
     # they start, when the job ends (:mod:`dcp_invariant.suite.reaper`).
     env[reaper.GROUP_ENV] = reaper.group_mark(os.path.realpath(workdir), TORCHRUN_GROUP)

@@ -50,7 +50,8 @@ def fixture_probe(rank: int, world_size: int, payload: dict[str, Any], report: R
     """
     spec = payload["fixture"]
     try:
-        app = build_app(spec, rank, world_size)
+        app = build_app(spec, rank, world_size, payload["fixture_args"])
+        _rank_local_present(spec, app.state_dict(), payload["rank_local"])
         _probe_state(spec, app.state_dict())
         checked_loss(spec, app.step())
         _probe_state(spec, app.state_dict())
@@ -58,6 +59,17 @@ def fixture_probe(rank: int, world_size: int, payload: dict[str, Any], report: R
         report({"problem": str(exc)})
         return
     report({"problem": None})
+
+
+def _rank_local_present(spec: str, state: Any, components: list[str]) -> None:
+    """Each component declared rank-local is a top-level key of ``state_dict()``."""
+    have = sorted(map(str, checked_state(spec, state)))
+    for name in components:
+        if name not in have:
+            raise FixtureError(
+                f"--rank-local {name}: fixture {spec!r}'s state_dict() has no component "
+                f"{name!r}; its components are {', '.join(have) or 'none'}"
+            )
 
 
 def _probe_state(spec: str, state: Any) -> None:
@@ -115,7 +127,7 @@ def fixture_train(rank: int, world_size: int, payload: dict[str, Any], report: R
     """
     spec = payload["fixture"]
     n = payload["steps_before"]
-    app = build_app(spec, rank, world_size)
+    app = build_app(spec, rank, world_size, payload["fixture_args"])
     record: dict[str, Any] = {"losses_before": [], "rank": rank, "saved": None, "steps": []}
     for step in range(1, n + 1):
         loss = _loss(spec, app)
@@ -287,10 +299,13 @@ def _save_while_stepping(
 def fixture_resume(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
     """Load through the pointer into a fresh app, compare with the reference, take K steps."""
     spec = payload["fixture"]
-    app = build_app(spec, rank, world_size)
-    record = load_through_pointer(payload["store"], {"app": app}, rank)
+    app = build_app(spec, rank, world_size, payload["fixture_args"])
+    left_out = payload.get("rank_local", [])
+    loadable = _WithoutComponents(app, left_out) if left_out else app
+    record = load_through_pointer(payload["store"], {"app": loadable}, rank, record_load_error=True)
     record.update(loaded=None, steps=[], diffs=[])
-    if not record["verified_before_load"]:
+    record.setdefault("load_error", None)
+    if not record["verified_before_load"] or record["load_error"] is not None:
         report(record)
         return
     reference = Path(payload["reference"])
@@ -311,6 +326,30 @@ def fixture_resume(rank: int, world_size: int, payload: dict[str, Any], report: 
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
         _stop_if_not_finite(loss, f"resumed step {step}")
+
+
+class _WithoutComponents:
+    """The app as a reshard loads it: its rank-local components left out of what DCP reads.
+
+    DCP asks ``state_dict()`` for what to load and fills it in place; the components left out
+    are handed back to ``load_state_dict`` as the fresh app built them, so each rank keeps its
+    own, as a data loader keyed by rank must when the world size changes (torchtitan issue
+    #811, PR #816).
+    """
+
+    def __init__(self, app: Any, components: list[str]) -> None:
+        self._app = app
+        self._components = set(components)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self._app.state_dict()
+        return {k: v for k, v in state.items() if k not in self._components}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        own = self._app.state_dict()
+        self._app.load_state_dict(
+            {k: own[k] if k in self._components else state_dict[k] for k in own}
+        )
 
 
 def _leaves(spec: str, app: Any) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """reshard_<a>_to_<b>: the user's fixture saved at world size a, loaded by fresh ranks at b.
 
-Loaded must equal saved key by key (DTensors by global value). The K steps afterwards are not
-compared with the uninterrupted run at a: a step at another world size reduces partial sums in
-another order, so its last bits legitimately differ; the ranks must only agree.
+Loaded must equal saved key by key (DTensors by global value), and every saved key must be
+loaded by some rank. The K steps afterwards are not compared with the uninterrupted run at a: a
+step at another world size reduces partial sums in another order, so its last bits legitimately
+differ; nor with each other, as each rank's data and loss may be its own.
 """
 
 from __future__ import annotations
@@ -20,10 +21,17 @@ def train_payload(
     return {
         "checkpoint": ctx.candidate_id(label),
         "fixture": ctx.fixture,
+        "fixture_args": ctx.run_plan.arguments,
         "snapshots": snapshots,
         "steps_after": steps_after,
         "steps_before": ctx.run_plan.steps_before,
     }
+
+
+def left_out(ctx: ScenarioContext) -> list[str]:
+    """The components a load at another world size leaves out: those declared rank-local."""
+    sc = ctx.scenario
+    return list(ctx.run_plan.rank_local) if sc.source_world_size != sc.target_world_size else []
 
 
 def resume_group(ctx: ScenarioContext, snapshots: str, *, compare_steps: bool) -> dict[str, Any]:
@@ -36,6 +44,8 @@ def resume_group(ctx: ScenarioContext, snapshots: str, *, compare_steps: bool) -
         {
             "compare_steps": compare_steps,
             "fixture": ctx.fixture,
+            "fixture_args": ctx.run_plan.arguments,
+            "rank_local": left_out(ctx),
             "reference": snapshots,
             "source_world_size": sc.source_world_size,
             "steps_after": ctx.run_plan.steps_after,
@@ -53,6 +63,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         steps_after=the_plan.steps_after,
         commit=None,
         target=None,
+        left_out=left_out(ctx),
     )
     label = the_plan.baseline_label
     with ctx.recording(obs):

@@ -8,11 +8,13 @@ relative to the scenario workspace, so no path reaches DCP's metadata or the evi
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy  # noqa: F401  (imported, so the probe reports the NumPy workers run with)
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -53,7 +55,7 @@ def runtime_versions(rank: int, world_size: int, payload: dict[str, Any], report
 
 def train_and_save(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
     """Train, save at each planned step, then (optionally) take the uninterrupted next step."""
-    app = build_app(payload["fixture"], rank, world_size)
+    app = build_app(payload["fixture"], rank, world_size, payload.get("fixture_args"))
     record: dict[str, Any] = {"rank": rank, "saves": [], "next": None}
     steps = 0
     for save in payload["saves"]:
@@ -75,7 +77,7 @@ def train_and_save(rank: int, world_size: int, payload: dict[str, Any], report: 
 
 def load_and_step(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
     """Load through the pointer into a fresh app; record what loaded and the next step."""
-    app = build_app(payload["fixture"], rank, world_size)
+    app = build_app(payload["fixture"], rank, world_size, payload.get("fixture_args"))
     record = load_through_pointer(payload["store"], {"app": app}, rank)
     record["loaded"] = None
     record["next"] = None
@@ -119,10 +121,14 @@ def dtensor_load(rank: int, world_size: int, payload: dict[str, Any], report: Re
     report(record)
 
 
-def load_through_pointer(store_root: str, state: dict[str, Any], rank: int) -> dict[str, Any]:
+def load_through_pointer(
+    store_root: str, state: dict[str, Any], rank: int, *, record_load_error: bool = False
+) -> dict[str, Any]:
     """Resolve and verify the pointer's generation, load it, verify it again.
 
     ``generation`` is the raw receipt digest; the driver turns it into a stable label.
+    ``record_load_error``: a load DCP refuses is recorded as ``load_error`` (a reshard's keys
+    that do not fit, say) instead of ending the rank with a traceback.
     """
     store = CheckpointStore(store_root)
     record: dict[str, Any] = {
@@ -139,7 +145,14 @@ def load_through_pointer(store_root: str, state: dict[str, Any], rank: int) -> d
         return record
     record["generation"] = generation.digest
     record["verified_before_load"] = True
-    dcp_load(state, checkpoint_id=str(generation.path))
+    if record_load_error:
+        record["load_error"] = None
+        try:
+            dcp_load(state, checkpoint_id=str(generation.path))
+        except CheckpointException as exc:
+            record["load_error"] = load_failure(exc, rank)
+    else:
+        dcp_load(state, checkpoint_id=str(generation.path))
     try:
         store.verify(generation)
     except ReceiptMismatch as exc:
@@ -147,6 +160,29 @@ def load_through_pointer(store_root: str, state: dict[str, Any], rank: int) -> d
     else:
         record["verified_after_load"] = True
     return record
+
+
+# The first key torch's default planner cannot load, and why (create_default_local_load_plan in
+# torch/distributed/checkpoint/default_planner.py).
+_MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (.+?)\.?$")
+_SIZE_MISMATCH = re.compile(r"Size mismatch between saved .* and current: .* for (.+)$")
+
+
+def load_failure(exc: CheckpointException, rank: int) -> dict[str, Any]:
+    """This rank's own failure in a load DCP refused on every rank; what the evidence may hold.
+
+    The key is the user's; the exception's message may hold paths, so only its type is kept.
+    """
+    own = exc.failures.get(rank)
+    if own is None:
+        return {"kind": "another rank", "key": None, "exception": None}
+    error = own[0]
+    message = str(error).strip()
+    for kind, pattern in (("missing key", _MISSING_KEY), ("size mismatch", _SIZE_MISMATCH)):
+        match = pattern.search(message)
+        if match:
+            return {"kind": kind, "key": match.group(1), "exception": None}
+    return {"kind": "error", "key": None, "exception": type(error).__name__}
 
 
 def _step(app: Any) -> dict[str, Any]:

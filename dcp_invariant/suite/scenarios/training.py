@@ -20,7 +20,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
             "target",
             "load_and_step",
             sc.target_world_size,
-            {"fixture": ctx.fixture, "store": STORE_ROOT},
+            {"fixture": ctx.fixture, "fixture_args": ctx.run_plan.arguments, "store": STORE_ROOT},
         )
         obs["target"] = ctx.target_record(target)
     return obs

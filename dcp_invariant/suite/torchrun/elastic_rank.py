@@ -57,7 +57,12 @@ def main(argv: list[str]) -> int:
             f"rendezvous address {os.environ.get('MASTER_ADDR')!r} is not numeric loopback",
             file=sys.stderr,
         )
-    task_payload = {"fixture": payload["fixture"], "store": payload["store"], "extra": extra}
+    task_payload = {
+        "fixture": payload["fixture"],
+        "fixture_args": payload["fixture_args"],
+        "store": payload["store"],
+        "extra": extra,
+    }
     worker.import_frozen(pool.PRELOAD)
     worker.run(
         "dcp_invariant.suite.scenarios.tasks:load_and_step",
