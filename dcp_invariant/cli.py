@@ -25,12 +25,13 @@ from dcp_invariant.evidence import schema
 if TYPE_CHECKING:
     from dcp_invariant.suite.output_dir import Reservation
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+from dcp_invariant.errors import EXIT_FAIL, EXIT_OK, BadInput
+
 # A day: longer is a typo, and far longer overflows the timers it reaches (1e308 did).
 MAX_TIMEOUT = 86400.0
 
 
-class UsageError(Exception):
+class UsageError(BadInput):
     """Bad input: exit 2 with this message."""
 
 
@@ -165,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         commands = {"run": _run, "verify": _verify, "list": _list, "github-report": _github_report}
         return commands[args.command](args)
-    except UsageError as exc:
+    except BadInput as exc:
         print(f"dcp-invariant: error: {exc}", file=sys.stderr)
         if debug:
+            if exc.details:
+                print(exc.details, file=sys.stderr)
             traceback.print_exception(exc, file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -229,10 +232,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _github_report(args: argparse.Namespace) -> int:
     from dcp_invariant import github
 
-    try:
-        name = github.artifact_name(args.artifact_name, args.torch_version, os.environ, args.use)
-    except github.ArtifactNameError as exc:
-        raise UsageError(str(exc)) from exc
+    name = github.artifact_name(args.artifact_name, args.torch_version, os.environ, args.use)
     # Everything is built before anything is written: all outputs reach the files, or none.
     report = github.report_for(args.artifact_dir)
     markdown = github.summary(args.artifact_dir, report)
@@ -291,10 +291,7 @@ def _run(args: argparse.Namespace) -> int:
     if run_plan.kind == "fixture":
         # As uvicorn and gunicorn do for MODULE:ATTR: the fixture's module is found from here.
         sys.path.insert(0, cwd)
-    try:
-        reservation = output_dir.Reservation(args.output_dir)
-    except output_dir.OutputDirError as exc:
-        raise UsageError(str(exc)) from exc
+    reservation = output_dir.Reservation(args.output_dir)
     try:
         with _interruptible():
             return _run_and_write(args, run_plan, timeout, revision, reservation)
@@ -312,15 +309,16 @@ def _run_and_write(
     revision: str,
     reservation: Reservation,
 ) -> int:
-    from dcp_invariant import runtimes
     from dcp_invariant.evidence import artifact, provenance
-    from dcp_invariant.suite import console, pool, runner, workspace
+    from dcp_invariant.suite import console, runner
 
     # Verdicts go to stdout and the workers' logs to stderr, as test runners print them:
     # `> verdicts.txt` keeps the one; a terminal shows both in order, as stdout is flushed first.
     shown = console.ShownLogs(cap=None if args.debug else console.CAP)
+    printed: dict[str, list[str]] = {}  # each scenario's reasons as its line printed them
 
     def progress(done: runner.Finished) -> None:
+        printed[done.name] = done.reasons
         lines = [f"{done.verdict:<4}  {done.name:<24} {done.seconds:6.1f} s"]
         lines += [f"      - {reason}" for reason in done.reasons]
         lines += [f"      warning: {warning}" for warning in done.warnings]
@@ -331,20 +329,9 @@ def _run_and_write(
 
     try:
         suite = runner.run_suite(run_plan=run_plan, timeout=timeout, on_finish=progress)
-    except (
-        runtimes.UnsupportedRuntime,
-        runner.FixtureProblem,
-        workspace.EnvironmentProblem,
-        pool.StartMethodError,
-    ) as exc:
-        raise UsageError(str(exc)) from exc
     except runner.FixtureTimeout as exc:
         print(f"dcp-invariant: fail: {exc}", file=sys.stderr)
         return EXIT_FAIL
-    except runner.WorkerStartError as exc:
-        if exc.logs:
-            print(exc.logs, file=sys.stderr)
-        raise UsageError(str(exc)) from exc
     record = provenance.build(
         source_revision=revision,
         torch_distribution=suite.torch_distribution,
@@ -352,16 +339,26 @@ def _run_and_write(
         numpy=suite.numpy,
         run_plan=run_plan,
     )
-    files = artifact.build(suite.observations, record, run_plan)
+    files = artifact.build(suite.observations, record, run_plan=run_plan)
     try:
         reservation.fill(files)
     except OSError as exc:
         raise UsageError(f"the artifact could not be written to {args.output_dir}: {exc}") from exc
+    # Scenarios are also judged against each other once all have run (rules.consistency): what
+    # that adds is printed before the verdict, so the console never says less than the artifact.
+    later = []
+    for name in run_plan.names:
+        reasons = canonical.loads(files[schema.result_file(name)])["reasons"]
+        added = [r for r in reasons if r not in printed.get(name, [])]
+        if added:
+            later.append(f"fail  {name:<24} compared with the other scenarios")
+            later += [f"      - {reason}" for reason in added]
     summary = canonical.loads(files[schema.SUMMARY_FILE])
     _print_lines(
         [
+            *later,
             f"{summary['verdict']}: {summary['passed']} passed, {summary['failed']} failed; "
-            f"evidence in {args.output_dir}"
+            f"evidence in {args.output_dir}",
         ]
     )
     return EXIT_OK if summary["verdict"] == "pass" else EXIT_FAIL
@@ -421,17 +418,14 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
             raise UsageError(
                 f"--world-sizes {args.world_sizes!r}: give comma-separated integers, e.g. 1,2"
             ) from None
-    try:
-        return plan.fixture_plan(
-            args.fixture,
-            sizes,
-            plan.DEFAULT_STEPS_BEFORE if args.steps_before is None else args.steps_before,
-            plan.DEFAULT_STEPS_AFTER if args.steps_after is None else args.steps_after,
-            _fixture_args(args.fixture_arg or []),
-            args.rank_local or (),
-        )
-    except plan.PlanError as exc:
-        raise UsageError(f"{exc}") from exc
+    return plan.fixture_plan(
+        args.fixture,
+        sizes,
+        plan.DEFAULT_STEPS_BEFORE if args.steps_before is None else args.steps_before,
+        plan.DEFAULT_STEPS_AFTER if args.steps_after is None else args.steps_after,
+        _fixture_args(args.fixture_arg or []),
+        args.rank_local or (),
+    )
 
 
 def _fixture_args(given: list[str]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dcp_invariant import plan
+from dcp_invariant.errors import BadInput
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.verify import Report, verify_artifact
 
@@ -26,7 +27,7 @@ MAX_REASON_CHARS = 300
 _BAD_NAME_CHARS = re.compile(r'["<>|*?:\\/\r\n]')
 
 
-class ArtifactNameError(ValueError):
+class ArtifactNameError(BadInput, ValueError):
     pass
 
 

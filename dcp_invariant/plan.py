@@ -12,8 +12,10 @@ import keyword
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
+
+from dcp_invariant.errors import BadInput
 
 Family = Literal[
     "training", "dtensor", "elastic", "rank_exit", "damaged", "resume", "reshard", "async_resume"
@@ -32,8 +34,6 @@ SHARD_SUFFIX = ".distcp"
 # Training scenarios: the fixture takes this many steps, is saved, and (where the plan says so)
 # takes one more step as the uninterrupted reference.
 STEPS_BEFORE_SAVE = 3
-BASELINE_LABEL = f"step-{STEPS_BEFORE_SAVE}"
-CANDIDATE_LABEL = f"step-{STEPS_BEFORE_SAVE + 1}"
 # The DTensor scenarios save one tensor under this label.
 DTENSOR_LABEL = "dtensor"
 
@@ -184,7 +184,7 @@ MAX_FIXTURE_ARGS_BYTES = 4096
 PlanKind = Literal["registered", "fixture"]
 
 
-class PlanError(ValueError):
+class PlanError(BadInput, ValueError):
     """A plan outside the grammar: the message names the value and what is allowed."""
 
 
@@ -198,8 +198,9 @@ class Plan:
     steps_before: int
     steps_after: int
     scenarios: tuple[Scenario, ...]
-    # Keyword arguments of the fixture, sorted by name; values are JSON.
-    fixture_args: tuple[tuple[str, Any], ...] = ()
+    # Keyword arguments of the fixture, sorted by name; values are JSON (lists and objects are
+    # not hashable, so the plan hashes without them; equality still compares them).
+    fixture_args: tuple[tuple[str, Any], ...] = field(default=(), hash=False)
     # Components declared per rank: resharding leaves them out (resumes still check them).
     rank_local: tuple[str, ...] = ()
 
@@ -220,6 +221,20 @@ class Plan:
     @property
     def baseline_label(self) -> str:
         return f"step-{self.steps_before}"
+
+    @property
+    def candidate_label(self) -> str:
+        """The save one step after the baseline, which the damage and crash scenarios act on."""
+        return f"step-{self.steps_before + 1}"
+
+    @property
+    def baseline_then_candidate(self) -> list[tuple[str, int]]:
+        """``(label, after_steps)`` of the two saves: the baseline is promoted, the candidate is
+        what the scenario acts on."""
+        return [
+            (self.baseline_label, self.steps_before),
+            (self.candidate_label, self.steps_before + 1),
+        ]
 
     def to_record(self) -> dict[str, Any]:
         """What provenance records of a fixture run; :func:`plan_from_record` reads it back."""

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcp_invariant.errors import BadInput
+
 REGISTRY_FILE = Path(__file__).with_name("runtimes.json")
 LINUX_WINDOWS = ("linux", "win32")
 
@@ -69,7 +71,7 @@ def releases() -> list[str]:
     return sorted({r.release for r in RUNTIMES}, key=release_key)
 
 
-class UnsupportedRuntime(Exception):
+class UnsupportedRuntime(BadInput):
     """The installed torch is not one dcp-invariant has registered."""
 
 
@@ -91,12 +93,19 @@ def registered_pairs(platform: str | None = None) -> str:
     )
 
 
+def install_command(version: str = "") -> str:
+    """The command that installs a registered torch as its CPU wheel (on Linux PyPI's default
+    build is the CUDA one, which the run refuses)."""
+    return (
+        f"python -m pip install torch=={version or DEFAULT_TORCH_VERSION} --index-url {CPU_INDEX}"
+    )
+
+
 def require(distribution: str | None, torch_version: str | None = None) -> None:
     """Check what can be checked: the distribution alone, or the exact pair once torch is imported."""
     if distribution is None:
         raise UnsupportedRuntime(
-            f"torch is not installed: install the CPU wheel with python -m pip install "
-            f"torch=={DEFAULT_TORCH_VERSION} --index-url {CPU_INDEX}"
+            f"torch is not installed: install the CPU wheel with {install_command()}"
         )
     here = sys.platform
     if torch_version is None:

@@ -10,12 +10,22 @@ from typing import Any, cast
 
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import schema
+from dcp_invariant.suite.output_dir import Reservation
 
 DATA_ARTIFACT = Path(__file__).parent / "data" / "artifact"
 
 Observations = dict[str, dict[str, Any]]
 # The ``rebuild`` fixture (conftest.py): an artifact built from mutated copies of the observations.
 Rebuild = Callable[[Callable[[Observations], None]], Path]
+
+
+def write_artifact(target: Path, files: dict[str, bytes]) -> None:
+    """Write an artifact as ``run`` does: reserved, staged, renamed into place."""
+    reservation = Reservation(target)
+    try:
+        reservation.fill(files)
+    finally:
+        reservation.release()
 
 
 def read_observations(directory: Path) -> Observations:

@@ -10,8 +10,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from artifact_data import DATA_ARTIFACT, Observations, read_observations, read_provenance
+from artifact_data import (
+    DATA_ARTIFACT,
+    Observations,
+    read_observations,
+    read_provenance,
+    write_artifact,
+)
 
+from dcp_invariant import plan
 from dcp_invariant.evidence import artifact
 
 _TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
@@ -74,7 +81,10 @@ def rebuild(tmp_path: Path) -> Callable[[Callable[[Observations], None]], Path]:
         observations = read_observations(DATA_ARTIFACT)
         mutate(observations)
         target = tmp_path / f"rebuilt-{next(counter)}"
-        artifact.write(target, artifact.build(observations, read_provenance(DATA_ARTIFACT)))
+        write_artifact(
+            target,
+            artifact.build(observations, read_provenance(DATA_ARTIFACT), run_plan=plan.REGISTERED),
+        )
         return target
 
     return make

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from artifact_data import Observations, Rebuild
 
-from dcp_invariant import cli, plan
+from dcp_invariant import cli, errors, plan
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.verify import verify_artifact
 
@@ -58,7 +58,7 @@ def usage_error(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_list_prints_the_scenarios_in_schema_order(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["list"]) == cli.EXIT_OK
+    assert cli.main(["list"]) == errors.EXIT_OK
 
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(plan.SCENARIOS) == 11
@@ -73,7 +73,7 @@ def test_list_prints_the_scenarios_in_schema_order(capsys: pytest.CaptureFixture
 def test_verify_passes_the_real_artifact(
     data_artifact: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["verify", str(data_artifact)]) == cli.EXIT_OK
+    assert cli.main(["verify", str(data_artifact)]) == errors.EXIT_OK
 
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(plan.SCENARIO_NAMES) + 1
@@ -85,7 +85,7 @@ def test_verify_accepts_the_same_directory_twice(
     data_artifact: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["verify", str(data_artifact), "--artifact-dir", str(data_artifact)]
-    assert cli.main(argv) == cli.EXIT_OK
+    assert cli.main(argv) == errors.EXIT_OK
     assert capsys.readouterr().out.splitlines()[-1].startswith("verdict: pass")
 
 
@@ -98,7 +98,7 @@ def test_verify_lists_every_problem_of_a_tampered_artifact(
     expected = verify_artifact(artifact_copy).problems
     assert len(expected) >= 3
 
-    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", str(artifact_copy)]) == errors.EXIT_FAIL
 
     lines = capsys.readouterr().out.splitlines()
     assert [line[len("invalid: ") :] for line in lines if line.startswith("invalid: ")] == expected
@@ -117,7 +117,7 @@ def test_verify_fails_a_valid_artifact_with_a_failed_scenario(
     report = verify_artifact(directory)
     assert report.valid
 
-    assert cli.main(["verify", str(directory)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", str(directory)]) == errors.EXIT_FAIL
 
     lines = capsys.readouterr().out.splitlines()
     assert "FAIL     corrupt_shard" in lines
@@ -156,7 +156,7 @@ def test_verify_usage_errors(
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
 
-    assert cli.main(argv(tmp_path)) == cli.EXIT_USAGE
+    assert cli.main(argv(tmp_path)) == errors.EXIT_USAGE
 
     assert text in usage_error(capsys)
 
@@ -165,7 +165,7 @@ def test_verify_refuses_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     path = tmp_path / "artifact.zip"
     path.write_bytes(b"PK")
 
-    assert cli.main(["verify", str(path)]) == cli.EXIT_USAGE
+    assert cli.main(["verify", str(path)]) == errors.EXIT_USAGE
 
     assert "artifact.zip is not a directory" in usage_error(capsys)
 
@@ -173,14 +173,14 @@ def test_verify_refuses_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_verify_of_an_empty_directory_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["verify", str(tmp_path)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", str(tmp_path)]) == errors.EXIT_FAIL
 
     assert capsys.readouterr().out == "not a dcp-invariant artifact: no manifest.sha256\n"
 
 
 def test_verify_of_the_repository_root_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     root = Path(__file__).parent.parent
-    assert cli.main(["verify", str(root)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", str(root)]) == errors.EXIT_FAIL
 
     assert capsys.readouterr().out == "not a dcp-invariant artifact: no manifest.sha256\n"
 
@@ -190,7 +190,7 @@ def test_verify_verbose_lists_every_problem_of_a_non_artifact(
 ) -> None:
     (tmp_path / "notes.txt").write_bytes(b"x")
 
-    assert cli.main(["verify", "--verbose", str(tmp_path)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", "--verbose", str(tmp_path)]) == errors.EXIT_FAIL
 
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "not a dcp-invariant artifact: no manifest.sha256"
@@ -205,7 +205,7 @@ def test_verify_of_an_artifact_without_its_manifest_lists_everything(
     # provenance.json is there: it is an artifact, damaged, and every problem matters.
     (artifact_copy / schema.MANIFEST_FILE).unlink()
 
-    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", str(artifact_copy)]) == errors.EXIT_FAIL
 
     lines = capsys.readouterr().out.splitlines()
     assert "invalid: manifest.sha256: missing" in lines
@@ -221,12 +221,12 @@ def test_verify_refuses_an_artifact_root_that_is_a_symlink(
     except (OSError, NotImplementedError) as exc:
         pytest.skip(f"symlinks unsupported here: {exc}")
 
-    assert cli.main(["verify", str(link)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", str(link)]) == errors.EXIT_FAIL
 
     out = capsys.readouterr().out
     assert "invalid: link: is a symlink; pass the real artifact directory" in out
     # The directory it points to is a good artifact.
-    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_OK
+    assert cli.main(["verify", str(artifact_copy)]) == errors.EXIT_OK
 
 
 def test_verify_prints_each_problem_on_one_line(
@@ -234,7 +234,7 @@ def test_verify_prints_each_problem_on_one_line(
 ) -> None:
     (artifact_copy / "a\nb\rc\x1b[31m").write_bytes(b"")
 
-    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", str(artifact_copy)]) == errors.EXIT_FAIL
 
     lines = capsys.readouterr().out.splitlines()
     assert "invalid: a\\nb\\rc\\x1b[31m: unexpected file" in lines
@@ -242,7 +242,7 @@ def test_verify_prints_each_problem_on_one_line(
 
 
 def test_verify_refuses_a_name_too_long_for_the_os(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["verify", "x" * 5000]) == cli.EXIT_USAGE
+    assert cli.main(["verify", "x" * 5000]) == errors.EXIT_USAGE
 
     assert "is not a directory" in usage_error(capsys)
 
@@ -265,14 +265,14 @@ def test_verify_piped_into_head_exits_quietly(data_artifact: Path, verbose: list
     )
 
     assert done.stderr == ""
-    assert done.returncode == cli.EXIT_OK  # the verdict, not the broken pipe
+    assert done.returncode == errors.EXIT_OK  # the verdict, not the broken pipe
 
 
 @pytest.mark.parametrize("argv", [[], ["bogus"]], ids=["no command", "unknown command"])
 def test_top_level_usage_error_names_a_real_command(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(argv) == cli.EXIT_USAGE
+    assert cli.main(argv) == errors.EXIT_USAGE
     line = usage_error(capsys)
     assert "dcp-invariant dcp-invariant" not in line
 
@@ -281,7 +281,7 @@ def test_top_level_usage_error_names_a_real_command(
 def test_top_level_usage_error_is_one_line(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(argv) == cli.EXIT_USAGE
+    assert cli.main(argv) == errors.EXIT_USAGE
     assert "--help" in usage_error(capsys)
 
 
@@ -298,7 +298,7 @@ def test_run_refuses_an_existing_output_dir(
 
     code = cli.main(["run", "--output-dir", str(output), "--source-revision", REVISION])
 
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     line = usage_error(capsys)
     assert str(output) in line
     assert "already exists" in line
@@ -316,7 +316,7 @@ def test_run_refuses_a_dangling_symlink_as_output_dir(
 
     code = cli.main(["run", "--output-dir", str(output), "--source-revision", REVISION])
 
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     assert str(output) in usage_error(capsys)
     assert not (tmp_path / "nowhere").exists()
 
@@ -326,7 +326,7 @@ def test_run_refuses_a_missing_parent(tmp_path: Path, capsys: pytest.CaptureFixt
 
     code = cli.main(["run", "--output-dir", str(output), "--source-revision", REVISION])
 
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     assert str(output.parent) in usage_error(capsys)
     assert not (tmp_path / "no").exists()
 
@@ -339,7 +339,7 @@ def test_run_refuses_a_malformed_source_revision(
 
     code = cli.main(["run", "--output-dir", str(output), "--source-revision", revision])
 
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     assert f"--source-revision {revision!r}" in usage_error(capsys)
     assert not output.exists()
     assert list(tmp_path.iterdir()) == []
@@ -356,7 +356,7 @@ def test_run_without_a_known_revision_asks_for_one(
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     output = tmp_path / "evidence"
 
-    assert cli.main(["run", "--output-dir", str(output)]) == cli.EXIT_USAGE
+    assert cli.main(["run", "--output-dir", str(output)]) == errors.EXIT_USAGE
 
     assert "--source-revision" in usage_error(capsys)
     assert not output.exists()
@@ -368,7 +368,7 @@ def test_run_refuses_a_malformed_github_sha(
     monkeypatch.setenv("GITHUB_SHA", "main")
     output = tmp_path / "evidence"
 
-    assert cli.main(["run", "--output-dir", str(output)]) == cli.EXIT_USAGE
+    assert cli.main(["run", "--output-dir", str(output)]) == errors.EXIT_USAGE
 
     assert "$GITHUB_SHA 'main'" in usage_error(capsys)
     assert not output.exists()
@@ -381,14 +381,14 @@ def test_run_refuses_a_bad_timeout(
     output = tmp_path / "evidence"
     argv = ["run", "--output-dir", str(output), "--source-revision", REVISION]
 
-    assert cli.main([*argv, f"--timeout={timeout}"]) == cli.EXIT_USAGE
+    assert cli.main([*argv, f"--timeout={timeout}"]) == errors.EXIT_USAGE
 
     assert "--timeout" in usage_error(capsys)
     assert not output.exists()
 
 
 def test_run_requires_an_output_dir(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["run", "--source-revision", REVISION]) == cli.EXIT_USAGE
+    assert cli.main(["run", "--source-revision", REVISION]) == errors.EXIT_USAGE
     assert "--output-dir" in usage_error(capsys)
 
 
@@ -442,7 +442,7 @@ def test_run_refuses_an_unregistered_runtime(
         check=False,
     )
 
-    assert done.returncode == cli.EXIT_USAGE, done.stderr
+    assert done.returncode == errors.EXIT_USAGE, done.stderr
     assert done.stdout == ""
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
@@ -472,7 +472,7 @@ def test_module_entry_point_exits_with_the_cli_code(tmp_path: Path) -> None:
         check=False,
     )
 
-    assert done.returncode == cli.EXIT_USAGE
+    assert done.returncode == errors.EXIT_USAGE
     assert str(missing) in done.stderr
 
 
@@ -487,7 +487,7 @@ def test_console_script_lists_the_scenarios(tmp_path: Path) -> None:
         check=False,
     )
 
-    assert done.returncode == cli.EXIT_OK
+    assert done.returncode == errors.EXIT_OK
     assert [line.split()[0] for line in done.stdout.splitlines()] == list(plan.SCENARIO_NAMES)
 
 
@@ -522,7 +522,7 @@ def test_run_refuses_a_fixture_plan_outside_the_grammar(
 ) -> None:
     output = tmp_path / "evidence"
     code = cli.main(["run", "--output-dir", str(output), "--source-revision", REVISION, *arguments])
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     assert message in usage_error(capsys)
     assert not output.exists()
 
@@ -563,9 +563,44 @@ def test_debug_adds_the_traceback_behind_a_one_line_error(
         "--world-sizes",
         "0",
     ]
-    assert cli.main(arguments) == cli.EXIT_USAGE
+    assert cli.main(arguments) == errors.EXIT_USAGE
     plain = capsys.readouterr().err
     assert len(plain.splitlines()) == 1 and "Traceback" not in plain
-    assert cli.main(["--debug", *arguments]) == cli.EXIT_USAGE
+    assert cli.main(["--debug", *arguments]) == errors.EXIT_USAGE
     debugged = capsys.readouterr().err
     assert debugged.startswith(plain) and "Traceback (most recent call last)" in debugged
+
+
+def test_what_comparing_scenarios_adds_is_printed_before_the_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scenario that passes alone can fail against its siblings (rules.consistency), which
+    only runs once all have finished: the console must not leave it at 'pass'."""
+    from artifact_data import DATA_ARTIFACT, read_observations, read_provenance
+
+    from dcp_invariant.evidence import rules
+    from dcp_invariant.suite import runner
+
+    observations = read_observations(DATA_ARTIFACT)
+    # Another size for one file of a save that two sibling scenarios recorded too.
+    observations["training_2_to_2"]["commit"]["files"][1]["size"] += 1
+    kept = read_provenance(DATA_ARTIFACT)
+
+    def fake_run_suite(*, run_plan: plan.Plan, timeout: float, on_finish: Any) -> Any:
+        for name in run_plan.names:
+            reasons = rules.derive(name, observations[name], run_plan=run_plan)
+            on_finish(runner.Finished(name, "fail" if reasons else "pass", 0.0, reasons, []))
+        return runner.SuiteRun(
+            observations, kept["torch_distribution"], kept["torch_runtime"], kept["numpy"]
+        )
+
+    monkeypatch.setattr(runner, "run_suite", fake_run_suite)
+
+    code = cli.main(["run", "--output-dir", str(tmp_path / "out"), "--source-revision", REVISION])
+
+    out = capsys.readouterr().out.splitlines()
+    assert code == errors.EXIT_FAIL
+    assert any(line.startswith("pass  training_2_to_2") for line in out), out
+    later = out.index("fail  training_2_to_2          compared with the other scenarios")
+    assert out[later + 1].startswith("      - consistency: commit.files is not"), out
+    assert out[-1].startswith("fail: 10 passed, 1 failed"), out

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from artifact_data import Observations, Rebuild
 
-from dcp_invariant import cli, github, plan
+from dcp_invariant import cli, errors, github, plan
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.verify import Report, verify_artifact
 
@@ -144,7 +144,7 @@ def test_the_cli_appends_to_the_runner_files_and_never_fails_the_step(
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     monkeypatch.setenv("GITHUB_OUTPUT", str(output))
     monkeypatch.setenv("GITHUB_JOB", "quality")
-    assert cli.main(["github-report", "--artifact-dir", str(directory)]) == cli.EXIT_OK
+    assert cli.main(["github-report", "--artifact-dir", str(directory)]) == errors.EXIT_OK
     assert summary.read_text().startswith(
         "earlier step\n## dcp-invariant: fail (10 passed, 1 failed)"
     )
@@ -168,7 +168,7 @@ def test_the_cli_refuses_a_bad_artifact_name_before_writing(
             str(output),
         ]
     )
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "artifact-name 'a/b'" in err
     assert not output.exists()
@@ -222,7 +222,7 @@ def test_an_invalid_artifact_whose_scenarios_pass_is_headlined_invalid(
 
     code, markdown, values = _report(artifact_copy, tmp_path)
 
-    assert code == cli.EXIT_OK
+    assert code == errors.EXIT_OK
     assert markdown.startswith("## dcp-invariant: invalid artifact (1 problems)\n")
     assert "passed, 0 failed" not in markdown
     assert (values["verdict"], values["valid"], values["problems"]) == ("fail", "false", "1")
@@ -232,7 +232,7 @@ def test_an_invalid_artifact_whose_scenarios_pass_is_headlined_invalid(
 def test_every_output_is_written_for_a_missing_artifact(tmp_path: Path) -> None:
     code, markdown, values = _report(tmp_path / "never-written", tmp_path)
 
-    assert code == cli.EXIT_OK
+    assert code == errors.EXIT_OK
     assert list(values) == [*OUTPUTS, "artifact-name"]
     assert (values["valid"], values["problems"], values["manifest-sha256"]) == ("false", "1", "")
     assert markdown.startswith("## dcp-invariant: no artifact\n")
@@ -244,7 +244,7 @@ def test_a_path_with_a_newline_is_reported_whole(artifact_copy: Path, tmp_path: 
 
     code, markdown, values = _report(directory, tmp_path)
 
-    assert code == cli.EXIT_OK
+    assert code == errors.EXIT_OK
     assert list(values) == [*OUTPUTS, "artifact-name"]
     assert values["evidence-dir"] == str(directory.resolve())
     assert values["verdict"] == "pass"
@@ -263,7 +263,7 @@ def test_a_path_with_undecodable_bytes_is_reported_escaped(
 
     code, _, values = _report(directory, tmp_path)
 
-    assert code == cli.EXIT_OK
+    assert code == errors.EXIT_OK
     assert values["evidence-dir"].endswith("evidence-\\xff")
     assert values["verdict"] == "pass"
 
@@ -284,7 +284,7 @@ def test_an_unwritable_output_file_writes_nothing_and_exits_0(
         ]
     )
 
-    assert code == cli.EXIT_OK
+    assert code == errors.EXIT_OK
     assert "cannot write the report" in capsys.readouterr().err
     assert not summary.exists()
 
@@ -370,7 +370,7 @@ def test_github_report_stops_quietly_when_stdout_is_closed(data_artifact: Path) 
     )
 
     assert done.stderr == ""
-    assert done.returncode == cli.EXIT_OK
+    assert done.returncode == errors.EXIT_OK
 
 
 def test_summary_of_a_report_with_no_results(tmp_path: Path) -> None:

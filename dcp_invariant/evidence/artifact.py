@@ -6,10 +6,6 @@ verifier's own rules, so what the runner writes is exactly what the verifier re-
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from dcp_invariant import canonical, plan
@@ -19,14 +15,15 @@ from dcp_invariant.evidence import junit, manifest, rules, schema
 def build(
     observations: dict[str, dict[str, Any]],
     provenance: dict[str, Any],
-    run_plan: plan.Plan = plan.REGISTERED,
+    *,
+    run_plan: plan.Plan,
 ) -> dict[str, bytes]:
     """Every artifact file's bytes, keyed by relative path."""
     if sorted(observations) != sorted(run_plan.names):
         raise ValueError(f"expected observations for {list(run_plan.names)}")
     # Judged alone and against each other, as the verifier judges them again.
-    results = rules.results(observations, run_plan)
-    files = derived(results, run_plan)
+    results = rules.results(observations, run_plan=run_plan)
+    files = derived(results, run_plan=run_plan)
     files[schema.PROVENANCE_FILE] = canonical.dumps(provenance)
     for name, obs in observations.items():
         files[schema.observation_file(name)] = canonical.dumps(obs)
@@ -34,33 +31,9 @@ def build(
     return files
 
 
-def derived(
-    results: dict[str, dict[str, Any]], run_plan: plan.Plan = plan.REGISTERED
-) -> dict[str, bytes]:
+def derived(results: dict[str, dict[str, Any]], *, run_plan: plan.Plan) -> dict[str, bytes]:
     """The files that follow from the result records alone."""
     files = {schema.result_file(name): canonical.dumps(r) for name, r in results.items()}
-    files[schema.SUMMARY_FILE] = canonical.dumps(rules.summary_record(results, run_plan))
-    files[schema.JUNIT_FILE] = junit.render(results, run_plan)
+    files[schema.SUMMARY_FILE] = canonical.dumps(rules.summary_record(results, run_plan=run_plan))
+    files[schema.JUNIT_FILE] = junit.render(results, run_plan=run_plan)
     return files
-
-
-def write(directory: Path, files: dict[str, bytes]) -> None:
-    """Create ``directory`` with ``files``, all at once: it is staged beside it and renamed in."""
-    directory = Path(directory)
-    parent = directory.parent
-    stage = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=parent))
-    try:
-        for sub in schema.ARTIFACT_DIRS:
-            (stage / sub).mkdir()
-        for rel, data in sorted(files.items()):
-            # Binary mode: LF line endings on every platform.
-            (stage / rel).write_bytes(data)
-        if directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
-            # An empty directory the caller made (``mktemp -d`` in CI) is taken, not refused.
-            directory.rmdir()
-        if directory.exists():
-            raise FileExistsError(f"{directory} appeared while the suite ran; nothing was written")
-        os.rename(stage, directory)
-    except BaseException:
-        shutil.rmtree(stage)
-        raise

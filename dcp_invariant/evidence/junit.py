@@ -16,7 +16,7 @@ def _xml_text(text: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\x{{{ord(m.group()):x}}}", text)
 
 
-def render(results: dict[str, dict[str, Any]], run_plan: plan.Plan = plan.REGISTERED) -> bytes:
+def render(results: dict[str, dict[str, Any]], *, run_plan: plan.Plan) -> bytes:
     failures = sum(results[n]["verdict"] == "fail" for n in run_plan.names)
     total = len(run_plan.names)
     counts = f'tests="{total}" failures="{failures}" errors="0" skipped="0"'

@@ -311,7 +311,7 @@ def shape_of(family: str, run_plan: plan.Plan) -> Check:
     return FAMILY_SHAPES[family]
 
 
-def validate(name: str, observation: Any, run_plan: plan.Plan = plan.REGISTERED) -> list[str]:
+def validate(name: str, observation: Any, *, run_plan: plan.Plan) -> list[str]:
     """Every way ``observation`` departs from the shape of scenario ``name``; empty when valid."""
     scenario = run_plan.scenario(name)
     problems = shape_of(scenario.family, run_plan)(observation, name)
@@ -337,7 +337,7 @@ def validate(name: str, observation: Any, run_plan: plan.Plan = plan.REGISTERED)
         got = _at(observation, key)
         if got != expected:
             problems.append(f"{name}.{key}: expected {expected!r}, got {got!r}")
-    return problems + _label_order(name, scenario, observation)
+    return problems + _label_order(name, scenario, observation, run_plan)
 
 
 def _at(record: dict[str, Any], dotted: str) -> Any:
@@ -351,7 +351,7 @@ def _commits(
 ) -> list[tuple[str, dict[str, Any], str]]:
     """Each commit the scenario's driver made, in order, with the checkpoint label it used."""
     if scenario.family in ("rank_exit", "damaged"):
-        steps = [("baseline", plan.BASELINE_LABEL), ("candidate", plan.CANDIDATE_LABEL)]
+        steps = [("baseline", run_plan.baseline_label), ("candidate", run_plan.candidate_label)]
     elif scenario.family == "dtensor":
         steps = [("commit", plan.DTENSOR_LABEL)]
     else:
@@ -359,7 +359,9 @@ def _commits(
     return [(key, obs[key], label) for key, label in steps if obs[key] is not None]
 
 
-def _label_order(name: str, scenario: plan.Scenario, obs: dict[str, Any]) -> list[str]:
+def _label_order(
+    name: str, scenario: plan.Scenario, obs: dict[str, Any], run_plan: plan.Plan
+) -> list[str]:
     """Receipt and pointer labels must be numbered in the order the driver first met each digest.
 
     The driver's interner (``Interner`` in dcp_invariant/suite/scenarios/common.py) hands out
@@ -368,7 +370,7 @@ def _label_order(name: str, scenario: plan.Scenario, obs: dict[str, Any]) -> lis
     order; then, for the restart, the receipt and the pointer it re-resolved.
     """
     met: list[tuple[str, str, Any]] = []
-    for where, commit, _ in _commits(scenario, obs, plan.REGISTERED):
+    for where, commit, _ in _commits(scenario, obs, run_plan):
         met += [
             (f"{where}.pointer_before", "pointer", commit["pointer_before"]),
             (f"{where}.receipt", "receipt", commit["receipt"]),

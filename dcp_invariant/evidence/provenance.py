@@ -100,7 +100,7 @@ def build(
     torch_distribution: str,
     torch_runtime: str,
     numpy: str | None,
-    run_plan: plan.Plan = plan.REGISTERED,
+    run_plan: plan.Plan,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {
         # Nothing signs the artifact: the manifest detects damage, not forgery.

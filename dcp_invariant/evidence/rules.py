@@ -18,7 +18,7 @@ from dcp_invariant.evidence import diagnosis, schema
 Obs = dict[str, Any]
 
 
-def derive(name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED) -> list[str]:
+def derive(name: str, obs: Obs, *, run_plan: plan.Plan) -> list[str]:
     scenario = run_plan.scenario(name)
     reasons = [f"error: {e}" for e in obs["errors"]]
     if scenario.family == "reshard" and obs["left_out"] != list(run_plan.rank_local):
@@ -48,9 +48,9 @@ def _sealing(commit: Obs, where: str) -> list[str]:
 
 
 def result_record(
-    name: str, obs: Obs, run_plan: plan.Plan = plan.REGISTERED, extra: Sequence[str] = ()
+    name: str, obs: Obs, *, run_plan: plan.Plan, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
-    reasons = [*derive(name, obs, run_plan), *extra]
+    reasons = [*derive(name, obs, run_plan=run_plan), *extra]
     result = {
         "reasons": reasons,
         "scenario": name,
@@ -73,22 +73,18 @@ def warnings(left_running: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def results(
-    observations: Mapping[str, Obs], run_plan: plan.Plan = plan.REGISTERED
-) -> dict[str, dict[str, Any]]:
+def results(observations: Mapping[str, Obs], *, run_plan: plan.Plan) -> dict[str, dict[str, Any]]:
     """The result record of each observation given, in plan order, judged alone and against
     its siblings (:func:`consistency`)."""
-    across = consistency(observations, run_plan)
+    across = consistency(observations, run_plan=run_plan)
     return {
-        name: result_record(name, observations[name], run_plan, across.get(name, ()))
+        name: result_record(name, observations[name], run_plan=run_plan, extra=across.get(name, ()))
         for name in run_plan.names
         if name in observations
     }
 
 
-def summary_record(
-    results: dict[str, dict[str, Any]], run_plan: plan.Plan = plan.REGISTERED
-) -> dict[str, Any]:
+def summary_record(results: dict[str, dict[str, Any]], *, run_plan: plan.Plan) -> dict[str, Any]:
     verdicts = [{"scenario": n, "verdict": results[n]["verdict"]} for n in run_plan.names]
     failed = sum(v["verdict"] == "fail" for v in verdicts)
     return {
@@ -674,9 +670,7 @@ class _Sightings:
         return out
 
 
-def consistency(
-    observations: Mapping[str, Obs], run_plan: plan.Plan = plan.REGISTERED
-) -> dict[str, list[str]]:
+def consistency(observations: Mapping[str, Obs], *, run_plan: plan.Plan) -> dict[str, list[str]]:
     """Reasons, by scenario, where one observation contradicts its siblings.
 
     One fixture trained the same steps at the same world size must reach bit-identical state,

@@ -81,7 +81,7 @@ def _verify(files: dict[str, bytes], report: Report, unread: set[str]) -> None:
         obs = _load(files, schema.observation_file(name), problems)
         if obs is None:
             continue
-        shape_problems = observation.validate(name, obs, run_plan)
+        shape_problems = observation.validate(name, obs, run_plan=run_plan)
         if shape_problems:
             problems += [f"{schema.observation_file(name)}: {p}" for p in shape_problems]
             continue
@@ -89,11 +89,11 @@ def _verify(files: dict[str, bytes], report: Report, unread: set[str]) -> None:
     if recorded is not None:
         problems += _runtime_attested(recorded, observations)
     # Every scenario judged alone and against its siblings, exactly as the runner judged it.
-    report.results = rules.results(observations, run_plan)
+    report.results = rules.results(observations, run_plan=run_plan)
     # Results, then (when every scenario could be derived) summary and JUnit: all re-derived.
     expected = {schema.result_file(n): canonical.dumps(r) for n, r in report.results.items()}
     if len(report.results) == len(run_plan.names):
-        expected.update(artifact.derived(report.results, run_plan))
+        expected.update(artifact.derived(report.results, run_plan=run_plan))
     for rel, data in expected.items():
         if rel in files and files[rel] != data:
             problems.append(f"{rel}: differs from what its observations derive")

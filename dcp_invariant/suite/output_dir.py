@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
+from dcp_invariant.errors import BadInput
 from dcp_invariant.evidence import schema
 from dcp_invariant.suite.workspace import check_free, environment_problem, lock_exclusive
 
@@ -26,7 +27,7 @@ NAME_MAX = 255
 MIN_FREE_BYTES = 16 << 20
 
 
-class OutputDirError(Exception):
+class OutputDirError(BadInput):
     """The output directory cannot take an artifact; the message says what to change."""
 
 

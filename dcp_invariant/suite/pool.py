@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_invariant import canonical
+from dcp_invariant.errors import BadInput
 from dcp_invariant.suite import reaper, worker
 
 # What workers import, including what torch 2.13 imports lazily on a worker's first
@@ -90,7 +91,7 @@ class StandbyFailed(RuntimeError):
         super().__init__(f"a spawned worker ended while importing (exit code {exit_code})")
 
 
-class StartMethodError(ValueError):
+class StartMethodError(BadInput, ValueError):
     """DCP_INVARIANT_START_METHOD names no usable start method (bad input)."""
 
 
@@ -193,7 +194,7 @@ class WorkerPool:
             if self.method == "forkserver":
                 procs = [
                     self._ctx.Process(
-                        target=worker.forked,
+                        target=worker.start_in_workspace,
                         args=job,
                         name=f"dcp-invariant-{group}-{job[1]}",
                         daemon=False,

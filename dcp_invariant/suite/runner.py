@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_invariant import plan, runtimes
+from dcp_invariant.errors import BadInput
 from dcp_invariant.evidence import rules
 from dcp_invariant.suite import reaper
 from dcp_invariant.suite.console import Log
@@ -55,17 +56,18 @@ class SuiteRun:
     numpy: str | None
 
 
-class WorkerStartError(RuntimeError):
+class WorkerStartError(BadInput, RuntimeError):
     """A fresh worker could not even report torch's version: the installation is broken."""
 
     def __init__(self, exit_codes: list[int], logs: str) -> None:
-        self.logs = logs
+        self.logs = self.details = logs  # --debug prints the worker's log
         missing = re.findall(r"No module named '([^']+)'", logs)
         what = f"could not import {missing[-1]}" if missing else "could not import torch and numpy"
         codes = f" (exit codes {exit_codes})" if exit_codes else ""
         super().__init__(
-            f"a worker {what}{codes}; "
-            "reinstall the runtime: python -m pip install 'dcp-invariant[runtime]'"
+            f"a worker {what}{codes}; reinstall torch as its CPU wheel "
+            f"({runtimes.install_command(installed_torch() or '').replace('+cpu', '')}) and "
+            "numpy"
         )
 
 
@@ -78,7 +80,7 @@ def installed_torch() -> str | None:
 
 def run_suite(
     *,
-    run_plan: plan.Plan = plan.REGISTERED,
+    run_plan: plan.Plan,
     names: Sequence[str] | None = None,
     fixture: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
@@ -140,7 +142,7 @@ def run_suite(
                 left_running = ctx.left_running_record()
                 if run_plan.kind == "fixture":
                     obs["left_running"] = left_running
-                reasons = rules.derive(name, obs, run_plan)
+                reasons = rules.derive(name, obs, run_plan=run_plan)
                 logs = [] if not reasons else _logs(ctx)
                 with lock:
                     observations[name] = obs
@@ -189,7 +191,7 @@ def run_suite(
     )
 
 
-class FixtureProblem(ValueError):
+class FixtureProblem(BadInput, ValueError):
     """The fixture does not follow the interface (bad input); the message says what to change."""
 
 

@@ -257,7 +257,7 @@ def standby(jobs: Any, ready: Any, parent: int, home: str, preload: list[str]) -
         return  # the pool closed without a job for this one
     jobs.close()
     try:
-        forked(*job)
+        start_in_workspace(*job)
     except SystemExit as exc:
         status.code = _exit_status(exc.code)
         raise
@@ -329,7 +329,7 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def forked(
+def start_in_workspace(
     task: str,
     rank: int,
     world_size: int,

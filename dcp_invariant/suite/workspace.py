@@ -17,6 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from dcp_invariant.errors import BadInput
+
 PREFIX = "dcp-invariant-"
 LOCK_FILE = ".lock"
 # Checkpoints of the registered suite take a few MiB; a user's fixture may take more.
@@ -27,7 +29,7 @@ MAX_SOCKET_PARENT = 60
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 
 
-class EnvironmentProblem(Exception):
+class EnvironmentProblem(BadInput):
     """The machine, not the checkpoint under test, is at fault: bad input, exit 2."""
 
 

@@ -108,7 +108,9 @@ def rederive(directory: Path) -> None:
         name: canonical.loads((directory / schema.observation_file(name)).read_bytes())
         for name in run_plan.names
     }
-    for rel, data in artifact.derived(rules.results(observations, run_plan), run_plan).items():
+    for rel, data in artifact.derived(
+        rules.results(observations, run_plan=run_plan), run_plan=run_plan
+    ).items():
         (directory / rel).write_bytes(data)
 
 

@@ -170,4 +170,4 @@ def build() -> dict[str, bytes]:
         run_plan=PLAN,
     )
     # The provenance's CPython is this interpreter's: fine, any 3.11+ is valid.
-    return artifact.build(observations(), record, PLAN)
+    return artifact.build(observations(), record, run_plan=PLAN)

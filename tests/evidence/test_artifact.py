@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import re
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,10 @@ Results = dict[str, dict[str, Any]]
 
 def passing_results() -> Results:
     observations = read_observations(DATA_ARTIFACT)
-    return {n: rules.result_record(n, observations[n]) for n in plan.SCENARIO_NAMES}
+    return {
+        n: rules.result_record(n, observations[n], run_plan=plan.REGISTERED)
+        for n in plan.SCENARIO_NAMES
+    }
 
 
 def failing(name: str, reasons: list[str]) -> dict[str, Any]:
@@ -45,7 +47,7 @@ def two_failures() -> Results:
 
 
 def test_junit_has_one_testcase_per_scenario_in_schema_order(two_failures: Results) -> None:
-    root = ET.fromstring(junit.render(two_failures))
+    root = ET.fromstring(junit.render(two_failures, run_plan=plan.REGISTERED))
 
     cases = root.findall("./testsuite/testcase")
     assert [c.get("name") for c in cases] == list(plan.SCENARIO_NAMES)
@@ -57,7 +59,7 @@ def test_junit_has_one_testcase_per_scenario_in_schema_order(two_failures: Resul
 
 
 def test_junit_failures_carry_the_reasons(two_failures: Results) -> None:
-    root = ET.fromstring(junit.render(two_failures))
+    root = ET.fromstring(junit.render(two_failures, run_plan=plan.REGISTERED))
 
     failures = {
         c.get("name", ""): failure
@@ -72,7 +74,7 @@ def test_junit_failures_carry_the_reasons(two_failures: Results) -> None:
 
 
 def test_junit_escapes_special_characters(two_failures: Results) -> None:
-    raw = junit.render(two_failures)
+    raw = junit.render(two_failures, run_plan=plan.REGISTERED)
 
     # Parsing round-trips the text (checked above); the raw bytes show it was escaped, not
     # passed through.
@@ -81,7 +83,7 @@ def test_junit_escapes_special_characters(two_failures: Results) -> None:
 
 
 def test_junit_has_no_timings(two_failures: Results) -> None:
-    raw = junit.render(two_failures)
+    raw = junit.render(two_failures, run_plan=plan.REGISTERED)
 
     assert b"time=" not in raw
     assert all(
@@ -90,14 +92,17 @@ def test_junit_has_no_timings(two_failures: Results) -> None:
 
 
 def test_junit_of_the_real_run_matches_the_artifact() -> None:
-    assert junit.render(passing_results()) == (DATA_ARTIFACT / schema.JUNIT_FILE).read_bytes()
+    assert (
+        junit.render(passing_results(), run_plan=plan.REGISTERED)
+        == (DATA_ARTIFACT / schema.JUNIT_FILE).read_bytes()
+    )
 
 
 def test_junit_stays_well_formed_with_control_characters() -> None:
     results = passing_results()
     results["missing_shard"] = failing("missing_shard", ["error: \x1b[31mboom\x1b[0m"])
 
-    ET.fromstring(junit.render(results))
+    ET.fromstring(junit.render(results, run_plan=plan.REGISTERED))
 
 
 # --- manifest --------------------------------------------------------------------------------
@@ -183,7 +188,9 @@ def test_manifest_parse_rejects(raw: bytes, text: str) -> None:
 
 
 def test_build_produces_exactly_the_schema_files() -> None:
-    files = artifact.build(read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT))
+    files = artifact.build(
+        read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT), run_plan=plan.REGISTERED
+    )
 
     assert tuple(sorted(files)) == schema.ARTIFACT_FILES
     assert len(files) == 26
@@ -191,7 +198,9 @@ def test_build_produces_exactly_the_schema_files() -> None:
 
 def test_build_reproduces_the_real_artifact_byte_for_byte() -> None:
     # Same observations and provenance, same bytes: nothing run-varying leaks into evidence.
-    files = artifact.build(read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT))
+    files = artifact.build(
+        read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT), run_plan=plan.REGISTERED
+    )
 
     for rel, data in files.items():
         assert data == (DATA_ARTIFACT / rel).read_bytes(), rel
@@ -202,7 +211,7 @@ def test_build_refuses_an_incomplete_set_of_observations() -> None:
     del observations["missing_shard"]
 
     with pytest.raises(ValueError, match="expected observations"):
-        artifact.build(observations, read_provenance(DATA_ARTIFACT))
+        artifact.build(observations, read_provenance(DATA_ARTIFACT), run_plan=plan.REGISTERED)
 
 
 def test_build_refuses_an_unknown_scenario() -> None:
@@ -210,51 +219,13 @@ def test_build_refuses_an_unknown_scenario() -> None:
     observations["extra"] = observations["missing_shard"]
 
     with pytest.raises(ValueError, match="expected observations"):
-        artifact.build(observations, read_provenance(DATA_ARTIFACT))
+        artifact.build(observations, read_provenance(DATA_ARTIFACT), run_plan=plan.REGISTERED)
 
 
 def _files() -> dict[str, bytes]:
-    return artifact.build(read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT))
-
-
-def test_write_creates_the_directory_with_every_file(tmp_path: Path) -> None:
-    files = _files()
-    target = tmp_path / "evidence"
-
-    artifact.write(target, files)
-
-    written = {
-        str(p.relative_to(target).as_posix()): p.read_bytes()
-        for p in target.rglob("*")
-        if p.is_file()
-    }
-    assert written == files
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence"]
-
-
-def test_write_refuses_an_existing_directory(tmp_path: Path) -> None:
-    target = tmp_path / "evidence"
-    target.mkdir()
-    (target / "keep.txt").write_bytes(b"mine\n")
-
-    with pytest.raises(FileExistsError):
-        artifact.write(target, _files())
-
-    assert [p.name for p in target.iterdir()] == ["keep.txt"]
-    assert (target / "keep.txt").read_bytes() == b"mine\n"
-    # No staging directory is left beside it.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence"]
-
-
-def test_write_cleans_up_when_a_file_cannot_be_written(tmp_path: Path) -> None:
-    files = _files()
-    files["elsewhere/file.json"] = b"{}\n"  # no such subdirectory is staged
-    target = tmp_path / "evidence"
-
-    with pytest.raises(OSError):
-        artifact.write(target, files)
-
-    assert list(tmp_path.iterdir()) == []
+    return artifact.build(
+        read_observations(DATA_ARTIFACT), read_provenance(DATA_ARTIFACT), run_plan=plan.REGISTERED
+    )
 
 
 # --- provenance ------------------------------------------------------------------------------
@@ -266,6 +237,7 @@ def _provenance(os: str | None = None, **overrides: Any) -> dict[str, Any]:
         "torch_distribution": "2.13.0+cpu",
         "torch_runtime": "2.13.0+cpu",
         "numpy": "2.4.6",
+        "run_plan": plan.REGISTERED,
     }
     record = provenance.build(**{**arguments, **overrides})
     if os is not None:

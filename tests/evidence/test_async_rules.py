@@ -31,14 +31,14 @@ def test_every_save_mode_is_in_the_checked_in_run() -> None:
 
 @pytest.mark.parametrize("name", ASYNC)
 def test_the_real_async_runs_pass(name: str) -> None:
-    assert rules.derive(name, observation(name), RUN_PLAN) == []
+    assert rules.derive(name, observation(name), run_plan=RUN_PLAN) == []
 
 
 @pytest.mark.parametrize("name", ASYNC)
 def test_a_failed_background_write_fails_the_scenario_with_its_error(name: str) -> None:
     obs = observation(name)
     obs["reference"]["ranks"][0]["async"]["upload_error"] = "OSError: [Errno 28] disk full"
-    reasons = rules.derive(name, obs, RUN_PLAN)
+    reasons = rules.derive(name, obs, run_plan=RUN_PLAN)
     assert (
         "async save (reference) rank 0: the background write failed: OSError: [Errno 28] disk full"
         in reasons
@@ -49,7 +49,7 @@ def test_a_failed_background_write_fails_the_scenario_with_its_error(name: str) 
 def test_a_write_that_did_not_overlap_the_next_step_fails(name: str) -> None:
     obs = observation(name)
     obs["repeat"]["ranks"][0]["async"]["pending_during_step"] = False
-    reasons = rules.derive(name, obs, RUN_PLAN)
+    reasons = rules.derive(name, obs, run_plan=RUN_PLAN)
     assert any("so nothing overlapped it" in r for r in reasons), reasons
 
 
@@ -62,6 +62,6 @@ def test_a_checkpoint_holding_the_state_after_the_save_names_those_keys() -> Non
     assert moved, "the step after the save moves the model"
     for key in moved:
         loaded[key] = after[key]  # what a write that read the live tensors late would hold
-    reasons = rules.derive(name, obs, RUN_PLAN)
+    reasons = rules.derive(name, obs, run_plan=RUN_PLAN)
     during = [r for r in reasons if r.startswith("changed during the save: rank 0: ")]
     assert during and all(key in during[0] for key in moved[:8]), reasons

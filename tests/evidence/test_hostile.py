@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from mutation_walk import DATA, read_artifact
 
-from dcp_invariant import canonical, cli, github
+from dcp_invariant import canonical, cli, errors, github
 from dcp_invariant.evidence import manifest, schema
 from dcp_invariant.evidence.free_fields import free_field
 from dcp_invariant.evidence.verify import _MAX_ENTRIES, Report, verify_files
@@ -66,12 +66,12 @@ def test_a_hostile_artifact_is_refused_for_its_reason(
     assert not report.passed
     assert any(case["expect"] in s for s in _said(report)), _said(report)
     # The command line and the GitHub report get through it too, with every output.
-    assert cli.main(["verify", str(artifact_copy)]) == cli.EXIT_FAIL
+    assert cli.main(["verify", str(artifact_copy)]) == errors.EXIT_FAIL
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith(("verdict: invalid artifact", "verdict: fail"))
     output = tmp_path / "output"
     argv = ["github-report", "--artifact-dir", str(artifact_copy), "--output-file", str(output)]
-    assert cli.main([*argv, "--summary-file", str(tmp_path / "summary")]) == cli.EXIT_OK
+    assert cli.main([*argv, "--summary-file", str(tmp_path / "summary")]) == errors.EXIT_OK
     assert output.read_text().count("\n") == 8
 
 

@@ -31,8 +31,8 @@ def test_a_leftover_is_a_warning_and_the_verdict_stands(name: str) -> None:
         {"group": "reference", "programs": ["python3", "sleep"]},
         {"group": "torchrun", "programs": ["sleep"]},
     ]
-    assert observation.validate(name, obs, RUN_PLAN) == []
-    result = rules.result_record(name, obs, RUN_PLAN)
+    assert observation.validate(name, obs, run_plan=RUN_PLAN) == []
+    result = rules.result_record(name, obs, run_plan=RUN_PLAN)
     assert result["verdict"] == "pass"
     assert result["warnings"] == [
         "reference: left python3, sleep running; killed when it ended",
@@ -41,7 +41,7 @@ def test_a_leftover_is_a_warning_and_the_verdict_stands(name: str) -> None:
 
 
 def test_a_clean_loop_has_no_warnings() -> None:
-    assert rules.result_record("resume_1", real("resume_1"), RUN_PLAN)["warnings"] == []
+    assert rules.result_record("resume_1", real("resume_1"), run_plan=RUN_PLAN)["warnings"] == []
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_a_clean_loop_has_no_warnings() -> None:
 def test_a_malformed_record_is_refused(name: str, left_running: Any, problem: str) -> None:
     obs = real(name)
     obs["left_running"] = left_running
-    problems = observation.validate(name, obs, RUN_PLAN)
+    problems = observation.validate(name, obs, run_plan=RUN_PLAN)
     assert any(problem in p and ".left_running" in p for p in problems), problems
 
 
@@ -67,4 +67,6 @@ def test_a_malformed_record_is_refused(name: str, left_running: Any, problem: st
 def test_a_fixture_observation_must_say_what_was_left(name: str) -> None:
     obs = real(name)
     del obs["left_running"]
-    assert f"{name}: missing key 'left_running'" in observation.validate(name, obs, RUN_PLAN)
+    assert f"{name}: missing key 'left_running'" in observation.validate(
+        name, obs, run_plan=RUN_PLAN
+    )

@@ -75,10 +75,10 @@ def unchanged_files_parsed_once() -> Iterator[None]:
         problems += found
         return value
 
-    def cached_validate(name: str, obs: Any, run_plan: plan.Plan = plan.REGISTERED) -> list[str]:
+    def cached_validate(name: str, obs: Any, *, run_plan: plan.Plan) -> list[str]:
         key = (name, id(obs), run_plan)
         if key not in validated:
-            validated[key] = validate(name, obs, run_plan)
+            validated[key] = validate(name, obs, run_plan=run_plan)
         return list(validated[key])
 
     verify._load, observation.validate = cached_load, cached_validate  # type: ignore[assignment]

@@ -29,8 +29,8 @@ def real(name: str) -> dict[str, Any]:
 
 
 def derive(name: str, obs: dict[str, Any], run_plan: Any = RUN_PLAN) -> list[str]:
-    assert observation.validate(name, obs, run_plan) == [], "the edit broke the shape"
-    return rules.derive(name, obs, run_plan)
+    assert observation.validate(name, obs, run_plan=run_plan) == [], "the edit broke the shape"
+    return rules.derive(name, obs, run_plan=run_plan)
 
 
 def with_rank_keys(obs: dict[str, Any]) -> None:
@@ -137,7 +137,7 @@ def test_a_component_declared_rank_local_is_left_out_as_the_plan_says() -> None:
     obs["left_out"] = ["loader"]
 
     assert derive(SHRINK, obs, the_plan) == []
-    assert rules.result_record(SHRINK, obs, the_plan)["left_out"] == ["loader"]
+    assert rules.result_record(SHRINK, obs, run_plan=the_plan)["left_out"] == ["loader"]
     # The same observation judged by a plan that declares nothing: it left out what it may not.
     assert derive(SHRINK, obs) == [
         "plan: the reshard left out ['loader'], the plan's rank-local components are []"

@@ -582,9 +582,9 @@ def test_every_scenario_has_mutations() -> None:
 @pytest.mark.parametrize("name", plan.SCENARIO_NAMES)
 def test_real_observation_passes(name: str) -> None:
     obs = real(name)
-    assert observation.validate(name, obs) == []
-    assert rules.derive(name, obs) == []
-    assert rules.result_record(name, obs)["verdict"] == "pass"
+    assert observation.validate(name, obs, run_plan=plan.REGISTERED) == []
+    assert rules.derive(name, obs, run_plan=plan.REGISTERED) == []
+    assert rules.result_record(name, obs, run_plan=plan.REGISTERED)["verdict"] == "pass"
 
 
 @pytest.mark.parametrize(("name", "mutation"), CASES)
@@ -593,23 +593,29 @@ def test_mutation_fails_the_scenario(name: str, mutation: Mutation) -> None:
     mutation.mutate(obs)
     reaggregate(obs)  # a forger re-derives what the verifier derives
     assert obs != REAL[name], "the mutation changed nothing"
-    assert observation.validate(name, obs) == [], "the mutation broke the shape, not the rule"
+    assert observation.validate(name, obs, run_plan=plan.REGISTERED) == [], (
+        "the mutation broke the shape, not the rule"
+    )
 
-    reasons = rules.derive(name, obs)
+    reasons = rules.derive(name, obs, run_plan=plan.REGISTERED)
 
     assert any(mutation.text in r for r in reasons), reasons
-    record = rules.result_record(name, obs)
+    record = rules.result_record(name, obs, run_plan=plan.REGISTERED)
     assert record["verdict"] == "fail"
     assert record["reasons"] == reasons
 
 
 def test_summary_counts_the_failures() -> None:
-    results = {n: rules.result_record(n, real(n)) for n in plan.SCENARIO_NAMES}
+    results = {
+        n: rules.result_record(n, real(n), run_plan=plan.REGISTERED) for n in plan.SCENARIO_NAMES
+    }
     broken = real("missing_shard")
     broken["load_attempted"] = True
-    results["missing_shard"] = rules.result_record("missing_shard", broken)
+    results["missing_shard"] = rules.result_record(
+        "missing_shard", broken, run_plan=plan.REGISTERED
+    )
 
-    summary = rules.summary_record(results)
+    summary = rules.summary_record(results, run_plan=plan.REGISTERED)
 
     assert summary["verdict"] == "fail"
     assert (summary["passed"], summary["failed"], summary["total"]) == (10, 1, 11)
@@ -622,9 +628,9 @@ def test_summary_counts_the_failures() -> None:
 def test_out_of_range_dying_rank_is_a_reason() -> None:
     obs = real("rank_exit_no_promotion")
     obs["dying_rank"] = 2
-    assert observation.validate("rank_exit_no_promotion", obs) == []
+    assert observation.validate("rank_exit_no_promotion", obs, run_plan=plan.REGISTERED) == []
 
-    assert rules.derive("rank_exit_no_promotion", obs) != []
+    assert rules.derive("rank_exit_no_promotion", obs, run_plan=plan.REGISTERED) != []
 
 
 def _per_rank_elastic() -> Obs:
@@ -644,7 +650,7 @@ def _per_rank_elastic() -> Obs:
                 if digests is not None:
                     digests["data"] = "1" * 64
     reaggregate(obs)
-    assert observation.validate("elastic_restart_2_to_2", obs) == []
+    assert observation.validate("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED) == []
     return obs
 
 
@@ -652,7 +658,7 @@ def test_elastic_checks_each_rank_against_its_own_state() -> None:
     # Per-rank state that is not a DTensor (a data loader keyed by rank, say) is legitimate:
     # each restarted rank resumes what its own source rank saved.
     obs = _per_rank_elastic()
-    assert rules.derive("elastic_restart_2_to_2", obs) == []
+    assert rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED) == []
 
 
 def test_elastic_names_a_rank_that_resumed_anothers_state() -> None:
@@ -661,7 +667,7 @@ def test_elastic_names_a_rank_that_resumed_anothers_state() -> None:
     target_1["loaded"]["data"] = "1" * 64  # rank 0's value: what a key shared by all ranks gives
     reaggregate(obs)
 
-    reasons = rules.derive("elastic_restart_2_to_2", obs)
+    reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
 
     assert reasons, "rank 1 resumed rank 0's state"
     assert all(r.startswith(diagnosis.ROUND_TRIP) for r in reasons), reasons
@@ -673,7 +679,7 @@ def test_a_resumed_step_that_differs_after_an_exact_load_is_state_outside_state_
     last_target(obs)["next"]["loss"] = OTHER_LOSS
     reaggregate(obs)
 
-    reasons = rules.derive("elastic_restart_2_to_2", obs)
+    reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
 
     assert reasons and all(r.startswith(diagnosis.OUTSIDE_STATE_DICT) for r in reasons), reasons
 
@@ -873,12 +879,12 @@ def test_validate_rejects_shape(name: str, mutate: Callable[[Obs], None], text: 
     obs = real(name)
     mutate(obs)
 
-    problems = observation.validate(name, obs)
+    problems = observation.validate(name, obs, run_plan=plan.REGISTERED)
 
     assert any(text in p for p in problems), problems
 
 
 def test_validate_rejects_a_non_object() -> None:
-    assert observation.validate("training_1_to_1", []) == [
+    assert observation.validate("training_1_to_1", [], run_plan=plan.REGISTERED) == [
         "training_1_to_1: expected an object, got list"
     ]

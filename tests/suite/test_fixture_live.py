@@ -85,7 +85,7 @@ def derive(
             logs.append("\n".join([f"{done.name}:", *(log.text for log in done.logs)]))
 
     suite = runner.run_suite(run_plan=the_plan, names=names, on_finish=keep_logs)
-    derived = {n: rules.derive(n, obs, the_plan) for n, obs in suite.observations.items()}
+    derived = {n: rules.derive(n, obs, run_plan=the_plan) for n, obs in suite.observations.items()}
     # A failure's worker logs reach pytest's report with the reasons.
     print("\n".join(logs))
     return derived
@@ -255,7 +255,7 @@ def test_async_saves_hold_the_state_at_the_save_while_the_next_step_runs() -> No
     names = ["async_resume_2", "async_staged_resume_2", "async_process_resume_2"]
     suite = runner.run_suite(run_plan=the_plan, names=names)
     for name, obs in suite.observations.items():
-        assert rules.derive(name, obs, the_plan) == [], name
+        assert rules.derive(name, obs, run_plan=the_plan) == [], name
         for rank in obs["reference"]["ranks"]:
             # The overlap is certain, not a matter of timing: the write waited for the step.
             assert rank["async"]["pending_during_step"] is True

@@ -204,8 +204,11 @@ def _children(pid: int) -> list[int]:
 
 
 def _run(names: list[str], fixture: str | None = None) -> dict[str, list[str]]:
-    suite = runner.run_suite(names=names, fixture=fixture)
-    return {name: rules.derive(name, obs) for name, obs in suite.observations.items()}
+    suite = runner.run_suite(run_plan=plan.REGISTERED, names=names, fixture=fixture)
+    return {
+        name: rules.derive(name, obs, run_plan=plan.REGISTERED)
+        for name, obs in suite.observations.items()
+    }
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,30 @@ def test_an_empty_target_directory_is_taken_and_a_filled_one_is_not(tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_a_filled_reservation_holds_exactly_the_files(tmp_path: Path) -> None:
+    files = {"summary.json": b"{}\n", "results/a.json": b"[]\n"}
+    target = tmp_path / "evidence"
+    reservation = Reservation(target)
+    reservation.fill(files)
+    reservation.release()
+
+    written = {
+        p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()
+    }
+    assert written == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence"]
+
+
+def test_a_file_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "evidence"
+    reservation = Reservation(target)
+    with pytest.raises(OSError):
+        reservation.fill({"elsewhere/file.json": b"{}\n"})  # no such subdirectory is staged
+    reservation.release()
+
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_unwritable_parent_is_an_environment_problem(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,10 @@ def test_a_missing_module_is_named_not_blamed_on_torch() -> None:
 
 
 def test_a_full_workspace_stops_the_run_instead_of_failing_the_scenario(tmp_path: Path) -> None:
-    ctx = ScenarioContext(plan.SCENARIOS[0], None, tmp_path, plan.REGISTERED_FIXTURE)  # type: ignore[arg-type]
+    pool: Any = None  # no worker runs
+    ctx = ScenarioContext(
+        plan.SCENARIOS[0], pool, tmp_path, plan.REGISTERED_FIXTURE, plan.REGISTERED
+    )
     obs = ctx.begin()
     with (
         pytest.raises(workspace.EnvironmentProblem, match="No space left on device"),
@@ -56,7 +60,10 @@ def test_a_full_workspace_stops_the_run_instead_of_failing_the_scenario(tmp_path
 def test_a_worker_that_ran_out_of_space_stops_the_run(tmp_path: Path) -> None:
     log = tmp_path / "source-rank0.log"
     log.write_text("OSError: [Errno 28] No space left on device: 'ckpt/x'\n")
-    ctx = ScenarioContext(plan.SCENARIOS[0], None, tmp_path, plan.REGISTERED_FIXTURE)  # type: ignore[arg-type]
+    pool: Any = None  # no worker runs
+    ctx = ScenarioContext(
+        plan.SCENARIOS[0], pool, tmp_path, plan.REGISTERED_FIXTURE, plan.REGISTERED
+    )
     ctx.outcomes.append(("source", GroupOutcome([1], False, [], [log])))
     with pytest.raises(workspace.EnvironmentProblem, match="No space left on device"):
         runner._refuse_environment_failures(ctx)

@@ -27,11 +27,6 @@ PACKAGE = "dcp_invariant.suite.scenarios"
 TASKS = f"{PACKAGE}.tasks"
 LOAD_TASKS = ("load_and_step", "dtensor_load", "fixture_tasks:fixture_resume")
 STORE_ROOT = "ckpt"  # relative to the workspace: checkpoint ids never carry an absolute path
-# The baseline is promoted; the candidate, one step later, is what the scenario acts on.
-BASELINE_THEN_CANDIDATE = [
-    (plan.BASELINE_LABEL, plan.STEPS_BEFORE_SAVE),
-    (plan.CANDIDATE_LABEL, plan.STEPS_BEFORE_SAVE + 1),
-]
 EMPTY_GROUP: dict[str, Any] = {"exit_codes": [], "timed_out": False, "ranks": []}
 # Failures of the protocol or of what workers left on disk: the scenario records them and fails,
 # the rest of the suite goes on. Anything else is a bug in this package and stops the run.
@@ -65,7 +60,7 @@ class ScenarioContext:
     pool: WorkerPool
     workdir: Path
     fixture: str
-    run_plan: plan.Plan = plan.REGISTERED
+    run_plan: plan.Plan
     intern: Interner = field(default_factory=Interner)
     shared: SharedGroups | None = None  # None: every group runs for this scenario alone
     outcomes: list[tuple[str, GroupOutcome]] = field(default_factory=list)

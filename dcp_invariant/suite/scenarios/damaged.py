@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dcp_invariant import plan
-from dcp_invariant.suite.scenarios.common import BASELINE_THEN_CANDIDATE, ScenarioContext
+from dcp_invariant.suite.scenarios.common import ScenarioContext
 
 
 def _target(directory: Path, suffix: str) -> Path:
@@ -29,7 +28,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     assert planned is not None, ctx.scenario.name
     obs = ctx.begin(
         fixture=ctx.fixture,
-        steps_before_save=plan.STEPS_BEFORE_SAVE,
+        steps_before_save=ctx.run_plan.steps_before,
         damage={"kind": planned.kind, "path": "", "offset": None},
         baseline=None,
         candidate=None,
@@ -51,8 +50,8 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         obs["damage"]["path"] = target.name
 
     with ctx.recording(obs):
-        if ctx.train(obs, BASELINE_THEN_CANDIDATE, reference_step=False).ok:
-            obs["baseline"] = ctx.commit(plan.BASELINE_LABEL)
-            obs["candidate"] = ctx.commit(plan.CANDIDATE_LABEL, damage=damage)
+        if ctx.train(obs, ctx.run_plan.baseline_then_candidate, reference_step=False).ok:
+            obs["baseline"] = ctx.commit(ctx.run_plan.baseline_label)
+            obs["candidate"] = ctx.commit(ctx.run_plan.candidate_label, damage=damage)
     obs["load_attempted"] = ctx.load_attempted()
     return obs

@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant import plan
-from dcp_invariant.suite.scenarios.common import BASELINE_THEN_CANDIDATE, ScenarioContext
+from dcp_invariant.suite.scenarios.common import ScenarioContext
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
     obs = ctx.begin(
         fixture=ctx.fixture,
-        steps_before_save=plan.STEPS_BEFORE_SAVE,
+        steps_before_save=ctx.run_plan.steps_before,
         dying_rank=plan.DYING_RANK,
         planned_exit_code=plan.RANK_EXIT_CODE,
         baseline=None,
@@ -25,9 +25,11 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     )
     with ctx.recording(obs):
         crash = {"rank": plan.DYING_RANK, "exit_code": plan.RANK_EXIT_CODE}
-        source = ctx.train(obs, BASELINE_THEN_CANDIDATE, reference_step=False, crash=crash)
+        source = ctx.train(
+            obs, ctx.run_plan.baseline_then_candidate, reference_step=False, crash=crash
+        )
         if not source.timed_out:
-            obs["baseline"] = ctx.commit(plan.BASELINE_LABEL)
-            obs["candidate"] = ctx.commit(plan.CANDIDATE_LABEL)
+            obs["baseline"] = ctx.commit(ctx.run_plan.baseline_label)
+            obs["candidate"] = ctx.commit(ctx.run_plan.candidate_label)
     obs["load_attempted"] = ctx.load_attempted()
     return obs

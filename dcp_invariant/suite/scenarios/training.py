@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dcp_invariant import plan
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
     sc = ctx.scenario
     obs = ctx.begin(
-        fixture=ctx.fixture, steps_before_save=plan.STEPS_BEFORE_SAVE, commit=None, target=None
+        fixture=ctx.fixture, steps_before_save=ctx.run_plan.steps_before, commit=None, target=None
     )
     with ctx.recording(obs):
         if not ctx.commit_baseline(obs):
