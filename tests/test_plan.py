@@ -9,15 +9,14 @@ from typing import Any
 import pytest
 
 from dcp_invariant import plan
-from dcp_invariant.evidence import observation, rules
+from dcp_invariant.evidence.families import FAMILIES
 from dcp_invariant.suite.scenarios import DRIVERS
 
 
 def test_driver_shape_and_rule_registries_cover_exactly_the_planned_families() -> None:
     families = set(plan.FAMILIES)
     assert set(DRIVERS) == families
-    assert set(observation.FAMILY_SHAPES) == families
-    assert set(rules.FAMILY_RULES) == families
+    assert set(FAMILIES) == families
     fixture_families = {s.family for s in plan.fixture_plan("m:f", (1, 2)).scenarios}
     assert {s.family for s in plan.SCENARIOS} | fixture_families == families
 

@@ -93,11 +93,16 @@ def _check_signature(
             return_annotation=signature.empty,
         )
         given = "".join(f", {name}=..." for name in arguments)
-        fix = (
-            "pass its other parameters with --fixture-arg NAME=VALUE, or give them defaults"
-            if not arguments
-            else "pass only the --fixture-arg names it takes, and every one it needs"
-        )
+        try:
+            signature.bind_partial(0, 1)
+        except TypeError:
+            fix = "a fixture takes rank and world_size as its first two parameters"
+        else:
+            fix = (
+                "pass its other parameters with --fixture-arg NAME=VALUE, or give them defaults"
+                if not arguments
+                else "pass only the --fixture-arg names it takes, and every one it needs"
+            )
         raise FixtureError(
             f"fixture {spec!r}: {attr}{bare} cannot be called as {attr}(rank, world_size"
             f"{given}) ({exc}); {fix}"

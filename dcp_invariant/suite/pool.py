@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.util
 import os
 import signal
 import subprocess
@@ -267,7 +268,15 @@ class WorkerPool:
             ready_reader, ready_writer = self._ctx.Pipe(duplex=False)
             proc = self._ctx.Process(
                 target=worker.standby,
-                args=(job_reader, ready_writer, os.getpid(), str(self._home), PRELOAD),
+                args=(
+                    job_reader,
+                    ready_writer,
+                    os.getpid(),
+                    str(self._home),
+                    PRELOAD,
+                    # A spawned interpreter chooses its own; it gets the runner's, which is short.
+                    multiprocessing.util.get_temp_dir(),
+                ),
                 name="dcp-invariant-standby",
                 daemon=False,
             )

@@ -208,8 +208,8 @@ def adopt_multiprocessing_temp_dir() -> None:
     scenario's, deeper than the runner's, and an AF_UNIX path over 108 bytes (104 on macOS)
     cannot be bound: the DataLoader's feeder thread then drops every batch and the rank waits
     for it until the timeout. Forked workers inherit the runner's directory, which is short
-    (:func:`dcp_invariant.suite.workspace._short_socket_directory`); torchrun's ranks are given
-    it here. It is the runner's own, removed when the run ends.
+    (:func:`dcp_invariant.suite.workspace._short_socket_directory`); spawned standbys and
+    torchrun's ranks are given it here. It is the runner's own, removed when the run ends.
     """
     directory = os.environ.get(MULTIPROCESSING_TEMP_ENV)
     config = multiprocessing.process.current_process()._config  # type: ignore[attr-defined]
@@ -234,7 +234,9 @@ def use_platform_start_method() -> None:
     multiprocessing.set_start_method(None, force=True)
 
 
-def standby(jobs: Any, ready: Any, parent: int, home: str, preload: list[str]) -> None:
+def standby(
+    jobs: Any, ready: Any, parent: int, home: str, preload: list[str], multiprocessing_temp: str
+) -> None:
     """A spawned interpreter that imports what workers need, then waits for its one job.
 
     Spawning costs a whole interpreter start and ``import torch``; done ahead, while other
@@ -245,6 +247,7 @@ def standby(jobs: Any, ready: Any, parent: int, home: str, preload: list[str]) -
     leave_terminal_session()
     status = _SkipTeardown()
     os.environ.update(isolated_environment(Path(home)))
+    os.environ[MULTIPROCESSING_TEMP_ENV] = multiprocessing_temp  # adopted by run()
     tempfile.tempdir = None
     import_frozen(preload)
     with contextlib.suppress(OSError):  # BrokenPipeError: the pool has stopped listening

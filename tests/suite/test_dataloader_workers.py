@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dcp_invariant.suite import pool
+from dcp_invariant.suite import pool, workspace
 from dcp_invariant.suite.worker import Report
 
 pytestmark = pytest.mark.live
@@ -70,14 +70,17 @@ def test_loader_workers_use_the_platform_start_method(
     if loader == "stateful":
         pytest.importorskip("torchdata.stateful_dataloader")
     expected = _platform_default()
-    workers = pool.WorkerPool(timeout=120, method=method)
-    workers.start(tmp_path / "server")
-    try:
-        outcome = workers.run_group(
-            f"{__name__}:loader_workers", 1, tmp_path, "loader", {"loader": loader}
-        )
-    finally:
-        workers.close()
+    # As a run does: the workspace first, so multiprocessing's sockets go where they fit even
+    # under a deep TMPDIR (workspace._short_socket_directory), in this process for good.
+    with workspace.Workspace() as space:
+        workers = pool.WorkerPool(timeout=120, method=method)
+        workers.start(space / "server")
+        try:
+            outcome = workers.run_group(
+                f"{__name__}:loader_workers", 1, tmp_path, "loader", {"loader": loader}
+            )
+        finally:
+            workers.close()
     assert outcome.ok, outcome.log_tail()
     [record] = outcome.results
     assert record["start_method"] == expected

@@ -1,4 +1,4 @@
-"""Resolving ``--fixture MODULE:CALLABLE``: what a module that cannot be imported is told (torch-free).
+"""Resolving ``--fixture MODULE:CALLABLE``: what a module that cannot be imported, or a callable that cannot be called, is told (torch-free).
 
 A worker runs ``load_fixture`` in its scenario's workspace, with the directory ``run`` was started
 in first on ``sys.path`` (cli._run puts it there): the tests set both up that way.
@@ -6,6 +6,7 @@ in first on ``sys.path`` (cli._run puts it there): the tests set both up that wa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,23 @@ def test_src_already_on_the_path_is_not_suggested_again(
     message = refusal("dcpi_src_again.missing:make_app")
     assert "PYTHONPATH=src" not in message, message
     assert message.endswith("check the name, run where dcpi_src_again is, or install it")
+
+
+@pytest.mark.parametrize(
+    ("spec", "arguments", "message"),
+    [
+        ("os:getcwd", {}, "a fixture takes rank and world_size as its first two parameters"),
+        ("re:sub", {}, "pass its other parameters with --fixture-arg NAME=VALUE"),
+        ("re:sub", {"nope": 1}, "pass only the --fixture-arg names it takes"),
+    ],
+)
+def test_a_fixture_that_cannot_take_its_arguments_says_which_fix_applies(
+    spec: str, arguments: dict[str, object], message: str
+) -> None:
+    with pytest.raises(FixtureError, match=re.escape(message)):
+        load_fixture(spec, arguments)
+
+
+def test_fixture_arguments_that_complete_the_call_are_accepted() -> None:
+    fixture: object = load_fixture("re:sub", {"string": "text"})
+    assert fixture is re.sub

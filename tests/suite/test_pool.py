@@ -13,19 +13,21 @@ from pathlib import Path
 import pytest
 from worker_tasks import FINALIZED
 
-from dcp_invariant.suite import pool
+from dcp_invariant.suite import pool, workspace
 
 pytestmark = pytest.mark.live
 
 
 @pytest.fixture(params=pool.available_start_methods())
 def started(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[pool.WorkerPool]:
-    workers = pool.WorkerPool(timeout=120, method=request.param)
-    workers.start(tmp_path / "server")
-    try:
-        yield workers
-    finally:
-        workers.close()
+    # As a run does: the workspace first, so multiprocessing's sockets fit under a deep TMPDIR.
+    with workspace.Workspace() as space:
+        workers = pool.WorkerPool(timeout=120, method=request.param)
+        workers.start(space / "server")
+        try:
+            yield workers
+        finally:
+            workers.close()
 
 
 def test_a_worker_keeps_its_exit_status(started: pool.WorkerPool, tmp_path: Path) -> None:
@@ -44,8 +46,13 @@ def test_a_worker_ends_without_interpreter_teardown(
 
 
 def test_once_wound_down_no_idle_standby_is_left_waiting(tmp_path: Path) -> None:
+    with workspace.Workspace() as space:
+        _wind_down(space, tmp_path)
+
+
+def _wind_down(space: Path, tmp_path: Path) -> None:
     workers = pool.WorkerPool(timeout=120, method="spawn")
-    workers.start(tmp_path / "server")
+    workers.start(space / "server")
     try:
         outcome = workers.run_group("worker_tasks:exit_with", 1, tmp_path, "before", {"code": 0})
         assert outcome.exit_codes == [0]

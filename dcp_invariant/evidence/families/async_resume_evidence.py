@@ -1,0 +1,65 @@
+"""The async_resume family of a fixture run: a resume whose save was ``dcp.async_save``."""
+
+from __future__ import annotations
+
+from dcp_invariant import plan
+from dcp_invariant.evidence import diagnosis
+from dcp_invariant.evidence.checks import one_of, optional, record
+from dcp_invariant.evidence.families import resume_evidence
+from dcp_invariant.evidence.families.fixture_arms import (
+    _fixture_common,
+    _saved_by_rank,
+    async_train_rank,
+    fixture_sightings,
+)
+from dcp_invariant.evidence.families.promotion import commit_at_baseline
+from dcp_invariant.evidence.families.record_parts import Obs, always, group
+
+SHAPE = record(
+    **_fixture_common,
+    save_mode=one_of("thread", "staged", "process"),
+    reference=optional(group(async_train_rank)),
+    repeat=optional(group(async_train_rank)),
+)
+
+shape_for = always(SHAPE)
+
+
+def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    """A resume whose save was async: the write overlapped step N+1 and still holds step N."""
+    n, mode = obs["steps_before_save"], obs["save_mode"]
+    reasons = []
+    if mode != scenario.async_mode:
+        reasons.append(f"plan: saved in {mode} mode, the scenario saves in {scenario.async_mode}")
+    for arm in ("reference", "repeat"):
+        for rank in (obs[arm] or {"ranks": []})["ranks"]:
+            facts, where = rank["async"], f"async save ({arm}) rank {rank['rank']}"
+            if facts["upload_error"] is not None:
+                reasons.append(f"{where}: the background write failed: {facts['upload_error']}")
+            if not facts["pending_during_step"]:
+                reasons.append(
+                    f"{where}: the write had finished before step {n + 1} ended, so nothing "
+                    "overlapped it"
+                )
+            if facts["staged_first"] != (mode == "staged"):
+                reasons.append(f"{where}: staging did not follow the {mode} mode")
+    during = []
+    if obs["target"] is not None and obs["reference"] is not None:
+        after_save = {
+            r["rank"]: r["steps"][0]["keys"] for r in obs["reference"]["ranks"] if r["steps"]
+        }
+        saved = _saved_by_rank(obs["reference"])
+        for rank in obs["target"]["ranks"]:
+            if rank["loaded"] is not None:
+                during += diagnosis.changed_during_save(
+                    f"rank {rank['rank']}",
+                    saved.get(rank["rank"], {}),
+                    after_save.get(rank["rank"], {}),
+                    rank["loaded"],
+                    n,
+                )
+    return reasons + during + resume_evidence.rule(scenario, obs)
+
+
+commits = commit_at_baseline
+sightings = fixture_sightings

@@ -1,0 +1,91 @@
+"""The dtensor family: a ``Shard(0)`` DTensor saved at one world size and loaded at another."""
+
+from __future__ import annotations
+
+from dcp_invariant import plan
+from dcp_invariant.evidence.checks import integer, optional, record, string
+from dcp_invariant.evidence.families.groups import _consensus, _group
+from dcp_invariant.evidence.families.promotion import _committed, _loaded_through_pointer
+from dcp_invariant.evidence.families.record_parts import (
+    Obs,
+    _common,
+    _load_fields,
+    always,
+    commit,
+    group,
+    hex64,
+    shape,
+)
+from dcp_invariant.evidence.families.sightings import Sightings
+
+dtensor_source_rank = record(rank=integer(0), local_shape=shape, global_digest=hex64)
+dtensor_target_rank = record(
+    **_load_fields, local_shape=optional(shape), global_digest=optional(hex64)
+)
+
+SHAPE = record(
+    **_common,
+    global_shape=shape,
+    placement=string,
+    dtype=string,
+    source=group(dtensor_source_rank),
+    commit=optional(commit),
+    target=optional(group(dtensor_target_rank)),
+)
+
+shape_for = always(SHAPE)
+
+
+def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    rows, *rest = obs["global_shape"] or [0]
+    reasons = []
+    tested = (obs["global_shape"], obs["placement"], obs["dtype"])
+    planned = (list(plan.DTENSOR.shape), plan.DTENSOR.placement, plan.DTENSOR.dtype)
+    if tested != planned:
+        reasons.append(f"plan: tested {tested}, the scenario is defined as {planned}")
+    reasons += _group(obs["source"], scenario.source_world_size, "source")
+    source_ranks = obs["source"]["ranks"]
+    reasons += _consensus(
+        [r["global_digest"] for r in source_ranks], "source: global tensor digest"
+    )
+    for rank in source_ranks:
+        reasons += _shard_shape(rank, rows, rest, scenario.source_world_size, "source")
+    saved = source_ranks[0]["global_digest"] if source_ranks else None
+    commit = obs["commit"]
+    if commit is None:
+        return [*reasons, "commit: did not run"]
+    reasons += _committed(commit, scenario.source_world_size)
+    target = obs["target"]
+    if target is None:
+        return [*reasons, "target: did not run"]
+    reasons += _group(target, scenario.target_world_size, "target")
+    for rank in target["ranks"]:
+        where = f"target rank {rank['rank']}"
+        reasons += _loaded_through_pointer(rank, commit, where)
+        if rank["local_shape"] is None:
+            reasons.append(f"{where}: reported no local shard")
+        else:
+            reasons += _shard_shape(rank, rows, rest, scenario.target_world_size, "target")
+        if rank["global_digest"] != saved:
+            reasons.append(f"{where}: reconstructed global tensor differs from the saved one")
+    return reasons
+
+
+def _shard_shape(rank: Obs, rows: int, rest: list[int], world_size: int, where: str) -> list[str]:
+    expected = [plan.expected_shard_rows(rows, world_size, rank["rank"]), *rest]
+    if rank["local_shape"] != expected:
+        return [
+            f"{where} rank {rank['rank']}: local shard shape {rank['local_shape']}, expected {expected}"
+        ]
+    return []
+
+
+def commits(run_plan: plan.Plan) -> list[tuple[str, str]]:
+    return [("commit", plan.DTENSOR_LABEL)]
+
+
+def sightings(seen: Sightings, name: str, obs: Obs, run_plan: plan.Plan) -> None:
+    for side in ("source", "target"):
+        for rank in (obs[side] or {"ranks": []})["ranks"]:
+            where = f"{side} rank {rank['rank']}'s global tensor digest"
+            seen.add("the DTensor's global digest", name, where, rank["global_digest"])

@@ -1,0 +1,218 @@
+"""A fixture run's arms, which the resume, reshard and async_resume families share: the shape of
+an arm that trained N steps, saved and took K more, its checks, why a load failed, and what the
+arms add to the sightings across scenarios."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from dcp_invariant import plan
+from dcp_invariant.evidence import diagnosis
+from dcp_invariant.evidence.checks import (
+    Check,
+    boolean,
+    integer,
+    list_of,
+    one_of,
+    optional,
+    record,
+    string,
+    type_name,
+)
+from dcp_invariant.evidence.families.groups import (
+    _group,
+    _non_finite_loss,
+    _stopped_at_non_finite_loss,
+)
+from dcp_invariant.evidence.families.record_parts import (
+    Obs,
+    _common,
+    _load_fields,
+    commit,
+    float_hex,
+    group,
+)
+from dcp_invariant.evidence.families.sightings import Sightings
+
+# A fixture run's per-key records: {"app.model.weight": "float32[4,2] <sha256>", ...}.
+_KEY_PATH = re.compile(r"[^\x00-\x1f]{1,1024}")
+
+_MAX_KEYS = 20_000
+
+
+def key_records(value: Any, where: str) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{where}: expected an object of per-key records, got {type_name(value)}"]
+    if len(value) > _MAX_KEYS:
+        return [f"{where}: more than {_MAX_KEYS} keys"]
+    problems = []
+    for key, entry in value.items():
+        if not _KEY_PATH.fullmatch(key):
+            problems.append(f"{where}: invalid key path {key!r}")
+        elif not isinstance(entry, str) or not diagnosis.KEY_ENTRY.fullmatch(entry):
+            problems.append(f"{where}.{key}: expected '<type> <64-hex digest>', got {entry!r}")
+    return problems
+
+
+_steps = list_of(record(keys=key_records, loss=float_hex), plan.MAX_STEPS)
+
+# What a rank of an arm that trained N steps, saved and took K more reports.
+_train_fields: dict[str, Check] = {
+    "rank": integer(0),
+    "losses_before": list_of(float_hex, plan.MAX_STEPS),
+    "saved": optional(key_records),
+    "steps": _steps,
+}
+
+fixture_train_rank = record(**_train_fields)
+
+fixture_resume_rank = record(
+    **_load_fields,
+    loaded=optional(key_records),
+    load_error=optional(
+        record(kind=one_of(*plan.LOAD_FAILURES), key=optional(string), exception=optional(string))
+    ),
+    steps=_steps,
+    diffs=list_of(
+        record(key=string, max_abs_diff=optional(float_hex), phase=string),
+        32 * (plan.MAX_STEPS + 1),
+    ),
+)
+
+# An async save's own facts: the next step overlapped the write, and the write's outcome.
+async_train_rank = record(
+    **_train_fields,
+    **{
+        "async": record(
+            pending_during_step=boolean, staged_first=boolean, upload_error=optional(string)
+        )
+    },
+)
+
+
+def left_running(value: Any, where: str) -> list[str]:
+    """What a fixture run's groups left running: ``[{"group": ..., "programs": [...]}]``, one
+    entry per group in name order, each program list sorted (the runner kills them all)."""
+    problems = list_of(record(group=string, programs=list_of(string, 64)), 64)(value, where)
+    if problems:
+        return problems
+    groups = [entry["group"] for entry in value]
+    if groups != sorted(set(groups)):
+        problems.append(f"{where}: expected one entry per group, in name order")
+    for i, entry in enumerate(value):
+        if not entry["programs"] or entry["programs"] != sorted(entry["programs"]):
+            problems.append(f"{where}[{i}].programs: expected a non-empty sorted list")
+    return problems
+
+
+_fixture_common: dict[str, Check] = {
+    **_common,
+    "left_running": left_running,
+    "fixture": string,
+    "steps_before_save": integer(1),
+    "steps_after": integer(1),
+    "commit": optional(commit),
+    "target": optional(group(fixture_resume_rank)),
+}
+
+
+def _fixture_arm(
+    group: Obs, world_size: int, steps_before: int, steps_after: int, where: str
+) -> list[str]:
+    """An arm that trained N steps, saved, and took K more, complete on every rank."""
+    diverged = []
+    for rank in group["ranks"]:
+        found = _non_finite_loss(rank, steps_before)
+        if found is not None:
+            diverged.append(diagnosis.non_finite_loss(f"{where} rank {rank['rank']}", *found))
+    reasons = diverged + _group(group, world_size, where)
+    for rank in group["ranks"]:
+        if _stopped_at_non_finite_loss(rank):
+            continue  # it stopped there, as it must: already the first reason
+        if (
+            len(rank["losses_before"]) != steps_before
+            or rank["saved"] is None
+            or len(rank["steps"]) != steps_after
+        ):
+            reasons.append(
+                f"{where} rank {rank['rank']}: did not take {steps_before} steps, save, "
+                f"and take {steps_after} more"
+            )
+    return reasons
+
+
+def _saved_by_rank(group: Obs) -> dict[int, dict[str, str]]:
+    return {r["rank"]: r["saved"] for r in group["ranks"] if r["saved"] is not None}
+
+
+def _component(key: str) -> str:
+    """The top-level component of a recorded key: ``app.<component>...`` (the tool saves the
+    app as ``{"app": app}``)."""
+    return key.split(".", 2)[1] if key.count(".") else key
+
+
+def _load_failures(ranks: list[Obs], a: int, b: int, where: Callable[[int], str]) -> list[str]:
+    """Each rank's own load failure; DCP fails the load on every rank when one rank's fails."""
+    failed = [r for r in ranks if r["load_error"] is not None]
+    reasons = [
+        r for rank in failed for r in _load_failure(rank["load_error"], where(rank["rank"]), a, b)
+    ]
+    if failed and not reasons:
+        cause = diagnosis.DOES_NOT_RESHARD if a != b else diagnosis.ROUND_TRIP
+        ranks_named = ", ".join(str(r["rank"]) for r in failed)
+        reasons.append(f"{cause}: the load failed on ranks {ranks_named}, each blaming another")
+    return reasons
+
+
+def _load_failure(error: Obs, where: str, a: int, b: int) -> list[str]:
+    """Why DCP's load failed on a rank, as a cause; resharding or not (``a == b``)."""
+    kind, key = error["kind"], error["key"]
+    if kind == "another rank":
+        return []  # the rank whose own load failed says why
+    if a == b:
+        cause, why = diagnosis.ROUND_TRIP, "state_dict() names it at the load, not at the save"
+    else:
+        cause = diagnosis.DOES_NOT_RESHARD
+        why = (
+            f"make it a DTensor, or declare its component rank-local (--rank-local "
+            f"{_component(key or '')})"
+        )
+    if kind == "missing key":
+        reshard = ": state keyed by rank does not reshard (torchtitan issue #811)" if a != b else ""
+        return [
+            f"{cause}: {where}: the checkpoint saved at world size {a} has no {key}{reshard}; {why}"
+        ]
+    if kind == "size mismatch":
+        return [
+            f"{cause}: {where}: {key} was saved with another size than it has here: a tensor "
+            f"that differs by rank and is not a DTensor does not reshard; {why}"
+        ]
+    return [
+        f"{cause}: {where}: DCP's load raised {error['exception']}; its traceback is in the "
+        "worker's log"
+    ]
+
+
+def fixture_sightings(seen: Sightings, name: str, obs: Obs, run_plan: plan.Plan) -> None:
+    w = obs["source_world_size"]
+    # Every arm that trained N steps and saved: an async save records the state at the save.
+    arms = ("source",) if "source" in obs else ("reference", "repeat")
+    for arm in arms:
+        if obs.get(arm) is None:
+            continue
+        for rank in obs[arm]["ranks"]:
+            r, where = rank["rank"], f"{arm} rank {rank['rank']}"
+            at = f"rank {r} of {w}"
+            seen.add(
+                f"the losses before the save on {at}",
+                name,
+                f"{where}'s losses",
+                rank["losses_before"],
+            )
+            seen.add(f"the state saved on {at}", name, f"{where}'s saved keys", rank["saved"])
+    commit, n = obs["commit"], obs["steps_before_save"]
+    if commit is not None and commit["sealed"]:
+        what = f"the files of the save after {n} steps on {w} ranks"
+        seen.add(what, name, "commit.files", commit["files"])

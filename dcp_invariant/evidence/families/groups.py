@@ -1,0 +1,75 @@
+"""A worker group's checks: it finished in time, every rank exited cleanly and reported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dcp_invariant.evidence.families.record_parts import Obs
+
+
+def _group(group: Obs, world_size: int, where: str) -> list[str]:
+    reasons = []
+    if group["timed_out"]:
+        reasons.append(timed_out(where))
+    codes = group["exit_codes"]
+    if len(codes) != world_size:
+        reasons.append(f"{where}: {len(codes)} exit codes for {world_size} ranks")
+    # A fixture rank that recorded a non-finite loss stops there with exit code 1; the loss,
+    # not the code, is the reason (reported by the family's rule).
+    stopped = {
+        r["rank"] for r in group["ranks"] if isinstance(r, dict) and _stopped_at_non_finite_loss(r)
+    }
+    reasons += [
+        f"{where} rank {r}: exited with code {c}"
+        for r, c in enumerate(codes)
+        if c != 0 and not (c == 1 and r in stopped)
+    ]
+    return reasons + _rank_set(group["ranks"], world_size, where)
+
+
+TIMEOUT = "timeout"
+
+
+def timed_out(phase: str) -> str:
+    """A group that outran ``--timeout``: the phase, and what to do if the loop is that slow."""
+    return (
+        f"{TIMEOUT}: {phase}: timed out and was killed; if the loop is that slow, raise "
+        "--timeout SECONDS (the limit of each worker group)"
+    )
+
+
+def _rank_set(ranks: list[Obs], world_size: int, where: str) -> list[str]:
+    got = [r["rank"] for r in ranks]
+    if got != list(range(world_size)):
+        return [f"{where}: reports from ranks {got}, expected {list(range(world_size))}"]
+    return []
+
+
+def _consensus(values: list[Any], what: str) -> list[str]:
+    if any(v != values[0] for v in values[1:]):
+        return [f"{what}: ranks disagree"]
+    return []
+
+
+def _non_finite_loss(rank: Obs, steps_before: int) -> tuple[int, str] | None:
+    """The first step whose recorded loss is NaN or infinite, and that loss, if any.
+
+    A rank records such a loss and stops (dcp_invariant/suite/scenarios/fixture_tasks.py): the
+    steps before the save are numbered from 1, those after it from N+1.
+    """
+    losses = list(enumerate(rank.get("losses_before", []), start=1))
+    losses += [(steps_before + i, s["loss"]) for i, s in enumerate(rank["steps"], start=1)]
+    for step, loss in losses:
+        if loss in _NON_FINITE:
+            return step, loss
+    return None
+
+
+# float.hex() of the values that are not finite; the shape check admits no other spelling.
+_NON_FINITE = ("nan", "inf", "-inf")
+
+
+def _stopped_at_non_finite_loss(rank: Obs) -> bool:
+    if not isinstance(rank.get("steps"), list):
+        return False  # a registered scenario's record: it has no per-step losses
+    return _non_finite_loss(rank, 0) is not None

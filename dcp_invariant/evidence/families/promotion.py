@@ -1,0 +1,96 @@
+"""A commit's checks: sealed and promoted with exactly DCP's files, or refused leaving all as it
+was; and the ranks that load it do so through the pointer."""
+
+from __future__ import annotations
+
+from dcp_invariant import plan
+from dcp_invariant.evidence.families.record_parts import Obs
+
+
+def commit_at_baseline(run_plan: plan.Plan) -> list[tuple[str, str]]:
+    """One commit, ``commit``, of the save after the plan's steps before the save."""
+    return [("commit", run_plan.baseline_label)]
+
+
+def baseline_and_candidate(run_plan: plan.Plan) -> list[tuple[str, str]]:
+    """A committed baseline, then the candidate one step later that the scenario acts on."""
+    return [("baseline", run_plan.baseline_label), ("candidate", run_plan.candidate_label)]
+
+
+def _promoted(commit: Obs, where: str) -> list[str]:
+    reasons = []
+    if not commit["sealed"]:
+        reasons.append(f"{where}: {commit['label']} was not sealed ({commit['seal_error']})")
+    if not commit["promoted"]:
+        reasons.append(f"{where}: {commit['label']} was not promoted ({_refusals(commit)})")
+        return reasons
+    if commit["receipt"] is None or commit["refused"]:
+        reasons.append(f"{where}: promoted without a clean receipt ({_refusals(commit)})")
+    names = [f["path"] for f in commit["files"]]
+    if plan.METADATA_FILE not in names or not any(n.endswith(plan.SHARD_SUFFIX) for n in names):
+        reasons.append(
+            f"{where}: the generation lacks {plan.METADATA_FILE} or a {plan.SHARD_SUFFIX} shard: {names}"
+        )
+    if commit["pointer_after"] is None or commit["pointer_after"] == commit["pointer_before"]:
+        reasons.append(f"{where}: the pointer did not move to the new generation")
+    if commit["generations_after"] != commit["generations_before"] + 1:
+        reasons.append(f"{where}: promotion did not add exactly one generation")
+    if commit["candidate_retained"]:
+        reasons.append(f"{where}: the candidate directory was left behind after promotion")
+    return reasons
+
+
+def _dcp_files(commit: Obs, world_size: int, where: str, *, metadata: bool = True) -> list[str]:
+    names = [f["path"] for f in commit["files"]]
+    expected = plan.dcp_files(world_size, metadata=metadata)
+    if names == expected:
+        return []
+    return [
+        f"{where}: files {names}, but a DCP save by {world_size} rank(s) "
+        f"{'writes' if metadata else 'cut short before its metadata leaves'} {expected}"
+    ]
+
+
+def _committed(commit: Obs, world_size: int) -> list[str]:
+    """A save by ``world_size`` ranks, sealed and promoted with exactly DCP's files."""
+    return _promoted(commit, "commit") + _dcp_files(commit, world_size, "commit")
+
+
+def _refused_after_baseline(obs: Obs, key: str) -> list[str]:
+    """A committed baseline, then a candidate that was not promoted and left everything as it was."""
+    baseline, candidate = obs["baseline"], obs[key]
+    if baseline is None:
+        return ["baseline: did not run"]
+    reasons = _promoted(baseline, "baseline")
+    if candidate is None:
+        return [*reasons, f"{key}: did not run"]
+    if candidate["promoted"]:
+        reasons.append(f"{key}: {candidate['label']} was promoted")
+    if candidate["pointer_before"] != baseline["pointer_after"]:
+        reasons.append(f"{key}: the pointer was not the baseline's before the attempt")
+    if candidate["pointer_after"] != candidate["pointer_before"]:
+        reasons.append(f"{key}: the pointer moved")
+    if candidate["generations_after"] != candidate["generations_before"]:
+        reasons.append(f"{key}: a generation was added")
+    if not candidate["candidate_retained"]:
+        reasons.append(f"{key}: the refused candidate was not kept for inspection")
+    if obs["load_attempted"]:
+        reasons.append(f"{key}: a DCP load was attempted after the refusal")
+    return reasons
+
+
+def _loaded_through_pointer(rank: Obs, commit: Obs, where: str) -> list[str]:
+    reasons = []
+    if rank["generation"] != commit["receipt"]:
+        reasons.append(
+            f"{where}: loaded generation {rank['generation']}, not the committed {commit['receipt']}"
+        )
+    if not rank["verified_before_load"]:
+        reasons.append(f"{where}: receipt verification failed before load ({_refusals(rank)})")
+    elif not rank["verified_after_load"]:
+        reasons.append(f"{where}: receipt verification failed after load")
+    return reasons
+
+
+def _refusals(record: Obs) -> str:
+    return "; ".join(f"{f['path']}: {f['reason']}" for f in record["refused"]) or "no reason"

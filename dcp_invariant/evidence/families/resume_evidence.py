@@ -1,0 +1,91 @@
+"""The resume family of a fixture run: fresh ranks load the save at the same world size and
+match the uninterrupted run's next steps."""
+
+from __future__ import annotations
+
+from dcp_invariant import plan
+from dcp_invariant.evidence import diagnosis
+from dcp_invariant.evidence.checks import optional, record
+from dcp_invariant.evidence.families.fixture_arms import (
+    _fixture_arm,
+    _fixture_common,
+    _load_failures,
+    _saved_by_rank,
+    fixture_sightings,
+    fixture_train_rank,
+)
+from dcp_invariant.evidence.families.groups import _group
+from dcp_invariant.evidence.families.promotion import (
+    _committed,
+    _loaded_through_pointer,
+    commit_at_baseline,
+)
+from dcp_invariant.evidence.families.record_parts import Obs, always, group
+
+SHAPE = record(
+    **_fixture_common,
+    reference=optional(group(fixture_train_rank)),
+    repeat=optional(group(fixture_train_rank)),
+)
+
+shape_for = always(SHAPE)
+
+
+def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
+    n, k, w = obs["steps_before_save"], obs["steps_after"], scenario.source_world_size
+    reasons: list[str] = []
+    for arm in ("reference", "repeat"):
+        if obs[arm] is None:
+            return [*reasons, f"{arm}: did not run"]
+        reasons += _fixture_arm(obs[arm], w, n, k, f"uninterrupted run ({arm})")
+    if reasons:
+        return reasons
+    reference = {r["rank"]: r for r in obs["reference"]["ranks"]}
+    for rank in obs["repeat"]["ranks"]:
+        reasons += diagnosis.nondeterminism(f"rank {rank['rank']}", reference[rank["rank"]], rank)
+    if reasons:
+        return reasons  # nothing else can be judged on a fixture that does not repeat itself
+    commit = obs["commit"]
+    if commit is None:
+        return ["commit: did not run"]
+    reasons += _committed(commit, scenario.source_world_size)
+    target = obs["target"]
+    if target is None:
+        return [*reasons, "target: did not run"]
+    reasons += _group(target, scenario.target_world_size, "resumed group")
+    saved = _saved_by_rank(obs["reference"])
+    cause_1: list[str] = []
+    hints: list[str] = []
+    loaded_ranks = []
+    for rank in target["ranks"]:
+        where = f"rank {rank['rank']}"
+        reasons += _loaded_through_pointer(rank, commit, f"resumed {where}")
+        if rank["load_error"] is not None:
+            continue
+        if rank["loaded"] is None:
+            reasons.append(f"resumed {where}: did not load")
+            continue
+        loaded_ranks.append(rank)
+        mine = saved.get(rank["rank"], {})
+        others = {r: s for r, s in saved.items() if r != rank["rank"]}
+        cause_1 += diagnosis.round_trip(where, mine, rank["loaded"], others, rank["diffs"])
+        hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
+    cause_1 += _load_failures(target["ranks"], w, w, lambda r: f"resumed rank {r}")
+    # Ranks step together: one rank's bad load moves every rank's next step.
+    cause_2: list[str] = []
+    for rank in loaded_ranks:
+        if rank["rank"] not in reference:
+            continue  # already reported: the resumed group's ranks are not the planned ones
+        cause_2 += diagnosis.step_divergence(
+            f"rank {rank['rank']}",
+            reference[rank["rank"]]["steps"],
+            rank["steps"],
+            rank["diffs"],
+            n,
+            not cause_1,
+        )
+    return reasons + cause_1 + hints + cause_2
+
+
+commits = commit_at_baseline
+sightings = fixture_sightings
