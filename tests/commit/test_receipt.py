@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from commit_helpers import symlink_or_skip
+from commit_helpers import flip_byte, symlink_or_skip
 
 from dcp_invariant import canonical
 from dcp_invariant.commit import Failure, ReceiptError, ReceiptMismatch, SealError, receipt
@@ -35,12 +35,6 @@ def ckpt(tmp_path: Path) -> Path:
     for name, data in FILES.items():
         (directory / name).write_bytes(data)
     return directory
-
-
-def flip_byte(path: Path, offset: int = 0) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 # --- seal ---------------------------------------------------------------------------------

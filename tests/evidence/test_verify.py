@@ -19,25 +19,16 @@ from typing import Any, cast
 import pytest
 from artifact_data import Observations, Rebuild, read_observations
 from forge import reaggregate
+from hostile import reseal
 
 from dcp_invariant import canonical, plan
-from dcp_invariant.evidence import manifest, rules, schema
+from dcp_invariant.evidence import rules, schema
 from dcp_invariant.evidence.verify import verify_artifact
 
 SUBPROCESS_TIMEOUT = 120
 
 OBS = schema.observation_file("training_2_to_2")
 RESULT = schema.result_file("training_2_to_2")
-
-
-def reseal(directory: Path) -> None:
-    """Rewrite manifest.sha256 over the files as they are now."""
-    files = {
-        rel: (directory / rel).read_bytes()
-        for rel in schema.ARTIFACT_FILES
-        if rel != schema.MANIFEST_FILE and (directory / rel).is_file()
-    }
-    (directory / schema.MANIFEST_FILE).write_bytes(manifest.render(files))
 
 
 def load(directory: Path, rel: str) -> dict[str, Any]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from cli_runs import REVISION, run_cli
 
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import rules, schema
@@ -26,30 +26,11 @@ from dcp_invariant.suite import runner
 
 pytestmark = pytest.mark.live
 
-REVISION = "0123456789abcdef0123456789abcdef01234567"
 TESTS = Path(__file__).resolve().parent.parent
 REPOSITORY = TESTS.parent
-CLI_TIMEOUT = 600
 
 # The example's artifact directory and the CLI run that wrote it.
 ExampleRun = tuple[Path, subprocess.CompletedProcess[str]]
-
-
-def run_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The installed console script, as a user runs it: the fixture is found from ``cwd``."""
-    script = shutil.which("dcp-invariant", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "dcp_invariant"]
-    return subprocess.run(
-        [*command, *args],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT,
-        cwd=cwd,
-        env=env,
-        check=False,
-    )
 
 
 def run_fixture(

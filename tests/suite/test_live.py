@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_runs import REVISION, run_cli
 
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import rules, schema
@@ -26,23 +27,6 @@ from dcp_invariant.evidence.verify import verify_artifact
 from dcp_invariant.suite import pool, runner
 
 pytestmark = pytest.mark.live
-
-REVISION = "0123456789abcdef0123456789abcdef01234567"
-SUITE_TIMEOUT = 900
-
-
-def run_cli(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dcp_invariant", *args],
-        capture_output=True,
-        text=True,
-        timeout=SUITE_TIMEOUT,
-        cwd=cwd,
-        env=env,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="session")

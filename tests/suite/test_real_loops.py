@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_fixture_live import REVISION, run_cli
+from cli_runs import REVISION, run_cli
 
 from dcp_invariant import canonical
 from dcp_invariant.evidence import schema
