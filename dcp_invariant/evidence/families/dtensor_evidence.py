@@ -5,7 +5,10 @@ from __future__ import annotations
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, optional, record, string
 from dcp_invariant.evidence.families.groups import _consensus, _group
-from dcp_invariant.evidence.families.promotion import _committed, _loaded_through_pointer
+from dcp_invariant.evidence.families.promotion import (
+    _loaded_through_pointer,
+    committed_then_loaded,
+)
 from dcp_invariant.evidence.families.record_parts import (
     Obs,
     _common,
@@ -51,14 +54,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     for rank in source_ranks:
         reasons += _shard_shape(rank, rows, rest, scenario.source_world_size, "source")
     saved = source_ranks[0]["global_digest"] if source_ranks else None
-    commit = obs["commit"]
-    if commit is None:
-        return [*reasons, "commit: did not run"]
-    reasons += _committed(commit, scenario.source_world_size)
-    target = obs["target"]
-    if target is None:
-        return [*reasons, "target: did not run"]
-    reasons += _group(target, scenario.target_world_size, "target")
+    loaded, commit, target = committed_then_loaded(scenario, obs)
+    reasons += loaded
+    if commit is None or target is None:
+        return reasons
     for rank in target["ranks"]:
         where = f"target rank {rank['rank']}"
         reasons += _loaded_through_pointer(rank, commit, where)

@@ -4,6 +4,7 @@ was; and the ranks that load it do so through the pointer."""
 from __future__ import annotations
 
 from dcp_invariant import plan
+from dcp_invariant.evidence.families.groups import _group
 from dcp_invariant.evidence.families.record_parts import Obs
 
 
@@ -54,6 +55,21 @@ def _dcp_files(commit: Obs, world_size: int, where: str, *, metadata: bool = Tru
 def _committed(commit: Obs, world_size: int) -> list[str]:
     """A save by ``world_size`` ranks, sealed and promoted with exactly DCP's files."""
     return _promoted(commit, "commit") + _dcp_files(commit, world_size, "commit")
+
+
+def committed_then_loaded(
+    scenario: plan.Scenario, obs: Obs
+) -> tuple[list[str], Obs | None, Obs | None]:
+    """The source's save committed, then the target group that loaded it: the reasons so far,
+    and the commit and target records, each None when it did not run (nothing more to judge)."""
+    commit = obs["commit"]
+    if commit is None:
+        return ["commit: did not run"], None, None
+    reasons = _committed(commit, scenario.source_world_size)
+    target = obs["target"]
+    if target is None:
+        return [*reasons, "target: did not run"], commit, None
+    return reasons + _group(target, scenario.target_world_size, "target"), commit, target
 
 
 def _refused_after_baseline(obs: Obs, key: str) -> list[str]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, optional, record, string
-from dcp_invariant.evidence.families.groups import _consensus, _group
-from dcp_invariant.evidence.families.promotion import _committed, commit_at_baseline
+from dcp_invariant.evidence.families.groups import _consensus
+from dcp_invariant.evidence.families.promotion import (
+    commit_at_baseline,
+    committed_then_loaded,
+)
 from dcp_invariant.evidence.families.record_parts import (
     Obs,
     _common,
@@ -46,14 +49,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     reasons += _consensus(list(saved.values()), "source: saved state")
     reasons += _consensus(list(reference.values()), "source: uninterrupted next step")
     first = min(saved, default=None)
-    commit = obs["commit"]
-    if commit is None:
-        return [*reasons, "commit: did not run"]
-    reasons += _committed(commit, scenario.source_world_size)
-    target = obs["target"]
-    if target is None:
-        return [*reasons, "target: did not run"]
-    reasons += _group(target, scenario.target_world_size, "target")
+    loaded, commit, target = committed_then_loaded(scenario, obs)
+    reasons += loaded
+    if commit is None or target is None:
+        return reasons
     for rank in target["ranks"]:
         reasons += _resumed(
             rank,
