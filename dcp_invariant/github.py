@@ -12,12 +12,11 @@ import os
 import platform
 import re
 import secrets
-import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from dcp_invariant import plan
+from dcp_invariant import plan, regular_file
 from dcp_invariant.errors import BadInput
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.verify import Report, verify_artifact
@@ -92,27 +91,13 @@ def manifest_sha256(directory: Path) -> str:
 
     Never follows a symlink or opens a FIFO, and never hashes past the verifier's size bound.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    digest = hashlib.sha256()
     try:
-        fd = os.open(directory / schema.MANIFEST_FILE, flags | getattr(os, "O_BINARY", 0))
-    except (OSError, ValueError):
-        return ""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_HASHED_BYTES:
-            return ""
-        digest = hashlib.sha256()
-        size = 0
-        while chunk := os.read(fd, 1 << 20):
-            size += len(chunk)
-            if size > MAX_HASHED_BYTES:  # it grew while read
-                return ""
+        for chunk in regular_file.chunks(directory / schema.MANIFEST_FILE, bound=MAX_HASHED_BYTES):
             digest.update(chunk)
-        return digest.hexdigest()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a path os.open refuses (an embedded NUL)
         return ""
-    finally:
-        os.close(fd)
+    return digest.hexdigest()
 
 
 def summary(directory: Path, report: Report | None) -> str:

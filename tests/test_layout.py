@@ -49,7 +49,8 @@ def test_shared_modules_stand_on_the_standard_library() -> None:
     graph = _imports()
     # errors.py is the one package module they may import: it holds only exceptions.
     assert graph["dcp_invariant.errors"] == set()
-    for name in ("dcp_invariant.canonical", "dcp_invariant.plan", "dcp_invariant.runtimes"):
+    shared = ("canonical", "plan", "regular_file", "runtimes")
+    for name in (f"dcp_invariant.{module}" for module in shared):
         assert graph[name] <= {"dcp_invariant", "dcp_invariant.errors"}, (name, graph[name])
 
 

@@ -111,6 +111,15 @@ def test_the_wheel_holds_only_the_package_and_its_metadata(dist: Path) -> None:
         "suite/torchrun/guard.py",
     ):
         assert f"dcp_invariant/{module}" in names
+    # Nothing shipped may need a checkout: the benchmark, which runs examples/, lives in tests/.
+    wheel_zip = zipfile.ZipFile(wheel)
+    needs_checkout = [
+        n
+        for n in names
+        if n.endswith(".py")
+        and re.search(rb"[\"'](examples|tests)[.:/]\w", wheel_zip.read(n)) is not None
+    ]
+    assert needs_checkout == []
 
 
 def test_the_wheel_pins_torch_exactly_and_only_in_extras(dist: Path) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dcp_invariant.commit import durable
+from dcp_invariant import regular_file
 from dcp_invariant.commit.errors import StoreError
 
 if sys.platform == "win32":
@@ -61,7 +61,11 @@ def exclusive(path: Path, timeout: float) -> Iterator[None]:
     try:
         fd = os.open(
             path,
-            os.O_RDWR | os.O_CREAT | durable.NOFOLLOW | durable.NONBLOCK | durable.BINARY,
+            os.O_RDWR
+            | os.O_CREAT
+            | regular_file.NOFOLLOW
+            | regular_file.NONBLOCK
+            | regular_file.BINARY,
             0o644,
         )
     except OSError as exc:
@@ -69,7 +73,7 @@ def exclusive(path: Path, timeout: float) -> Iterator[None]:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise StoreError(f"{path.name} is a {durable.kind(mode)}, not a regular file")
+            raise StoreError(f"{path.name} is a {regular_file.kind(mode)}, not a regular file")
         deadline = time.monotonic() + timeout
         delay = 0.001
         while not try_lock(fd):

@@ -9,24 +9,19 @@ SHA-256 names the generation it seals.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcp_invariant import canonical
-from dcp_invariant.commit import durable
+from dcp_invariant import canonical, regular_file
 from dcp_invariant.commit.errors import Failure, ReceiptError, ReceiptMismatch, SealError
 
 SCHEMA = "dcp-invariant/receipt/1"
 # DCP's only commit marker: FileSystemWriter.finish() renames it into place last.
 METADATA_FILE = ".metadata"
-CHUNK_BYTES = 1 << 20
 _REGULAR_ONLY = "a checkpoint may hold regular files only"
-# What open(O_NOFOLLOW) gives for a symlink: ELOOP (POSIX), EMLINK (FreeBSD), EFTYPE (NetBSD).
-_SYMLINK_ERRNOS = {errno.ELOOP, errno.EMLINK, getattr(errno, "EFTYPE", errno.ELOOP)}
 
 
 @dataclass(frozen=True)
@@ -88,27 +83,21 @@ class Receipt:
 
 
 def hash_file(path: Path) -> tuple[int, str]:
-    """Size and SHA-256 of a file, read in fixed chunks so memory does not grow with size."""
+    """Size and SHA-256 of a file, read in fixed chunks so memory does not grow with size.
+
+    Whatever the caller saw, the entry may have been swapped since: :mod:`regular_file` refuses
+    it unless what it opened is a regular file.
+    """
     h = hashlib.sha256()
     size = 0
-    buf = bytearray(CHUNK_BYTES)
-    view = memoryview(buf)
-    # Whatever the caller saw, the entry may have been swapped since: open without following a
-    # symlink or waiting for a FIFO's writer, and refuse what was opened unless it is regular.
     try:
-        fd = os.open(path, os.O_RDONLY | durable.NOFOLLOW | durable.NONBLOCK | durable.BINARY)
-    except OSError as exc:
-        if exc.errno not in _SYMLINK_ERRNOS:
-            raise
-        raise SealError(f"{canonical.printable(path.name)}: is a symlink; {_REGULAR_ONLY}") from exc
-    with open(fd, "rb", buffering=0) as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            shown = canonical.printable(path.name)
-            raise SealError(f"{shown}: is a {durable.kind(mode)}; {_REGULAR_ONLY}")
-        while n := f.readinto(buf):
-            h.update(view[:n])
-            size += n
+        for chunk in regular_file.chunks(path):
+            h.update(chunk)
+            size += len(chunk)
+    except regular_file.NotRegularFile as exc:
+        raise SealError(
+            f"{canonical.printable(path.name)}: is a {exc.kind}; {_REGULAR_ONLY}"
+        ) from exc
     return size, h.hexdigest()
 
 
@@ -177,7 +166,7 @@ def _regular_files(directory: Path) -> list[str]:
         st = entry.stat(follow_symlinks=False)
         shown = canonical.printable(entry.name)
         if not stat.S_ISREG(st.st_mode):
-            raise SealError(f"{shown}: is a {durable.kind(st.st_mode)}; {_REGULAR_ONLY}")
+            raise SealError(f"{shown}: is a {regular_file.kind(st.st_mode)}; {_REGULAR_ONLY}")
         if shown != entry.name:
             raise SealError(f"{shown}: file name is not valid UTF-8; DCP never writes such names")
         names.append(entry.name)

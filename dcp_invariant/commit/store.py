@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcp_invariant import regular_file
 from dcp_invariant.commit import durable, lock, pointer, receipt
 from dcp_invariant.commit.errors import (
     CommitError,
@@ -270,7 +271,7 @@ class CheckpointStore:
             return
         if not stat.S_ISREG(mode):
             raise StoreError(
-                f"candidates/{path.name} is a {durable.kind(mode)}, not a regular file; remove it"
+                f"candidates/{path.name} is a {regular_file.kind(mode)}, not a regular file; remove it"
             )
         raise StoreError(f"{label} is already sealed: promote it, or remove {path.name}")
 
@@ -318,7 +319,9 @@ class CheckpointStore:
         except NotADirectoryError as exc:
             raise StoreError(f"store root {self.root}: a parent is not a directory") from exc
         if not stat.S_ISDIR(mode):
-            raise StoreError(f"store root {self.root} is a {durable.kind(mode)}, not a directory")
+            raise StoreError(
+                f"store root {self.root} is a {regular_file.kind(mode)}, not a directory"
+            )
         return True
 
     def _real_directory(self, path: Path, error: type[CommitError]) -> bool:
@@ -333,7 +336,7 @@ class CheckpointStore:
         if stat.S_ISLNK(mode):
             raise error(f"{shown} is a symlink; the store refuses entries that lead outside it")
         if not stat.S_ISDIR(mode):
-            raise error(f"{shown} is a {durable.kind(mode)}, not a directory")
+            raise error(f"{shown} is a {regular_file.kind(mode)}, not a directory")
         return True
 
     def read_pointer(self) -> pointer.Pointer | None:
@@ -433,7 +436,7 @@ def _clear_write_bits(path: Path, *, directory: bool) -> None:
         if not directory:
             os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~_WRITE_BITS)
         return
-    flags = os.O_RDONLY | durable.NOFOLLOW | durable.NONBLOCK
+    flags = os.O_RDONLY | regular_file.NOFOLLOW | regular_file.NONBLOCK
     fd = os.open(path, flags | (os.O_DIRECTORY if directory else 0))
     try:
         mode = os.fstat(fd).st_mode

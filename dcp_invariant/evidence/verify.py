@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp_invariant import canonical, plan
+from dcp_invariant import canonical, plan, regular_file
 from dcp_invariant.evidence import artifact, manifest, observation, provenance, rules, schema
 
 # Eight world sizes give the largest plan: 8 resumes, 56 reshards and the torchrun restart.
@@ -202,42 +202,18 @@ def _read_one(
     unread: set[str],
     problems: list[str],
 ) -> None:
-    # O_NOFOLLOW: a file swapped for a symlink after the walk is refused, not followed;
-    # O_NONBLOCK: one swapped for a FIFO cannot hang the open.
-    flags = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | getattr(os, "O_BINARY", 0)
+    # The walk saw a regular file within the bound; the entry may have been swapped or grown since.
     try:
-        fd = os.open(root / rel, flags)
-    except OSError as exc:
-        problems.append(f"{rel}: cannot be read ({_why(exc)})")
+        files[rel] = regular_file.read(root / rel, bound=bound)
+    except regular_file.NotRegularFile:
+        problems.append(f"{rel}: not a regular file (symlinks and special files are refused)")
         unread.add(rel)
-        return
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            problems.append(f"{rel}: not a regular file (symlinks and special files are refused)")
-            unread.add(rel)
-            return
-        chunks, size = [], 0
-        while size <= bound:
-            chunk = os.read(fd, min(1 << 20, bound + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        problems.append(f"{rel}: cannot be read ({_why(exc)})")
-        unread.add(rel)
-        return
-    finally:
-        os.close(fd)
-    if size > bound:
+    except regular_file.OverBound:
         problems.append(f"{rel}: grew past the {bound}-byte bound while read")
         unread.add(rel)
-        return
-    files[rel] = b"".join(chunks)
-
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+    except OSError as exc:
+        problems.append(f"{rel}: cannot be read ({_why(exc)})")
+        unread.add(rel)
 
 
 def _why(exc: BaseException) -> str:

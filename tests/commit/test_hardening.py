@@ -22,6 +22,7 @@ from dcp_invariant.commit import (
     PromotionRefused,
     SealError,
     StoreError,
+    durable,
 )
 
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
@@ -322,6 +323,17 @@ def test_a_directory_at_the_pointer_is_the_stores_error(
         store.pointer_path.mkdir()
     with pytest.raises(StoreError, match=r"^pointer\.json is a directory, not a regular file"):
         call("step-1") if operation in ("promote", "seal") else call()
+
+
+def test_a_pointer_over_the_record_bound_is_refused_unread(store: CheckpointStore) -> None:
+    write_candidate(store, "step-1")
+    store.seal("step-1")
+    store.promote("step-1")
+    # Sparse: the size is what counts, and nothing is read to learn it.
+    with open(store.pointer_path, "r+b") as f:
+        f.truncate(durable.MAX_RECORD_BYTES + 1)
+    with pytest.raises(StoreError, match=r"^pointer\.json is over \d+ bytes, so this protocol"):
+        store.resolve()
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from commit_helpers import flip_byte, symlink_or_skip
 
-from dcp_invariant import canonical
+from dcp_invariant import canonical, regular_file
 from dcp_invariant.commit import Failure, ReceiptError, ReceiptMismatch, SealError, receipt
 from dcp_invariant.commit.receipt import FileEntry, Receipt
 
@@ -262,7 +262,7 @@ def test_decode_rejects_non_canonical_bytes(raw: bytes) -> None:
 
 
 def test_hash_file_handles_a_partial_last_chunk(tmp_path: Path) -> None:
-    data = bytes(range(256)) * (receipt.CHUNK_BYTES // 256) + b"tail"
+    data = bytes(range(256)) * (regular_file.CHUNK_BYTES // 256) + b"tail"
     path = tmp_path / "f"
     path.write_bytes(data)
     assert receipt.hash_file(path) == (len(data), sha(data))

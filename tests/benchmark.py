@@ -1,4 +1,6 @@
-"""``python -m dcp_invariant.suite.benchmark``: what the suite costs, as ratios measured in one run.
+"""``python tests/benchmark.py``, from a checkout: what the suite costs, as ratios measured in one run.
+
+A developer's tool, not shipped in the wheel: it runs ``examples/`` and ``tests/fixture_loops.py``.
 
 Prints per-scenario wall time, the suite's total, peak RSS (largest process, and the whole
 process tree sampled from /proc where it exists), and the total in units of one
@@ -31,9 +33,7 @@ MIB = 1 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m dcp_invariant.suite.benchmark", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python tests/benchmark.py", description=__doc__)
     parser.add_argument(
         "--seal-gib", type=float, default=1.0, help="checkpoint size to seal (0 skips)"
     )
