@@ -9,10 +9,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
-import subprocess
 import sys
 import traceback
 from collections.abc import Iterator
@@ -23,12 +21,9 @@ from dcp_invariant import __version__, canonical, plan
 from dcp_invariant.evidence import schema
 
 if TYPE_CHECKING:
-    from dcp_invariant.suite.output_dir import Reservation
+    from dcp_invariant.suite.runner import Finished
 
 from dcp_invariant.errors import EXIT_FAIL, EXIT_OK, BadInput
-
-# A day: longer is a typo, and far longer overflows the timers it reaches (1e308 did).
-MAX_TIMEOUT = 86400.0
 
 
 class UsageError(BadInput):
@@ -272,96 +267,73 @@ def _print_lines(lines: list[str], end: str = "\n") -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dcp_invariant.suite import output_dir, runner
+    from dcp_invariant import python_api
 
     run_plan = _run_plan(args)
-    timeout = runner.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
-    if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT:
-        raise UsageError(
-            f"--timeout must be a number of seconds from 0 to {MAX_TIMEOUT:g}, got {args.timeout}"
-        )
+    timeout = python_api.checked_timeout(args.timeout, "--timeout")
     try:
         cwd = os.getcwd()
     except FileNotFoundError:
         raise UsageError(
             "the current directory no longer exists: cd into an existing directory"
         ) from None
-    revision = _source_revision(args.source_revision)
-
+    revision = python_api.source_revision_of(args.source_revision, "--source-revision")
     if run_plan.kind == "fixture":
         # As uvicorn and gunicorn do for MODULE:ATTR: the fixture's module is found from here.
         sys.path.insert(0, cwd)
-    reservation = output_dir.Reservation(args.output_dir)
+    progress = _Progress(debug=args.debug)
     try:
         with _interruptible():
-            return _run_and_write(args, run_plan, timeout, revision, reservation)
+            report = python_api.run_plan(
+                run_plan, args.output_dir, timeout=timeout, revision=revision, on_finish=progress
+            )
     except Interrupted as exc:
         print("dcp-invariant: interrupted: nothing written", file=sys.stderr)
         return 128 + exc.signum
-    finally:
-        reservation.release()
+    if report.artifact is None:  # the fixture's first step timed out: no scenario ran
+        for diagnosis in report.diagnoses:
+            for reason in diagnosis.reasons:
+                print(f"dcp-invariant: fail: {reason}", file=sys.stderr)
+        return EXIT_FAIL
+    # Scenarios are also judged against each other once all have run (rules.consistency): what
+    # that adds is printed before the verdict, so the console never says less than the artifact.
+    later = []
+    for result in report.results.values():
+        added = [r for r in result.reasons if r not in progress.printed.get(result.name, [])]
+        if added:
+            later.append(f"fail  {result.name:<24} compared with the other scenarios")
+            later += [f"      - {reason}" for reason in added]
+    failed = sum(r.verdict == "fail" for r in report.results.values())
+    _print_lines(
+        [
+            *later,
+            f"{'pass' if report.passed else 'fail'}: {len(report.results) - failed} passed, "
+            f"{failed} failed; evidence in {args.output_dir}",
+        ]
+    )
+    return EXIT_OK if report.passed else EXIT_FAIL
 
 
-def _run_and_write(
-    args: argparse.Namespace,
-    run_plan: plan.Plan,
-    timeout: float,
-    revision: str,
-    reservation: Reservation,
-) -> int:
-    from dcp_invariant.evidence import artifact, provenance
-    from dcp_invariant.suite import console, runner
+class _Progress:
+    """Prints each scenario as it finishes: verdicts to stdout, the workers' logs to stderr, as
+    test runners print them (`> verdicts.txt` keeps the one; a terminal shows both in order, as
+    stdout is flushed first)."""
 
-    # Verdicts go to stdout and the workers' logs to stderr, as test runners print them:
-    # `> verdicts.txt` keeps the one; a terminal shows both in order, as stdout is flushed first.
-    shown = console.ShownLogs(cap=None if args.debug else console.CAP)
-    printed: dict[str, list[str]] = {}  # each scenario's reasons as its line printed them
+    def __init__(self, *, debug: bool) -> None:
+        from dcp_invariant.suite import console
 
-    def progress(done: runner.Finished) -> None:
-        printed[done.name] = done.reasons
+        self.shown = console.ShownLogs(cap=None if debug else console.CAP)
+        self.printed: dict[str, list[str]] = {}  # each scenario's reasons as its line showed them
+
+    def __call__(self, done: Finished) -> None:
+        self.printed[done.name] = done.reasons
         lines = [f"{done.verdict:<4}  {done.name:<24} {done.seconds:6.1f} s"]
         lines += [f"      - {reason}" for reason in done.reasons]
         lines += [f"      warning: {warning}" for warning in done.warnings]
         _print_lines(lines)
-        excerpt = shown.excerpt(done.logs)
+        excerpt = self.shown.excerpt(done.logs)
         if excerpt:
             print("\n".join(f"      {line}" for line in excerpt), file=sys.stderr, flush=True)
-
-    try:
-        suite = runner.run_suite(run_plan=run_plan, timeout=timeout, on_finish=progress)
-    except runner.FixtureTimeout as exc:
-        print(f"dcp-invariant: fail: {exc}", file=sys.stderr)
-        return EXIT_FAIL
-    record = provenance.build(
-        source_revision=revision,
-        torch_distribution=suite.torch_distribution,
-        torch_runtime=suite.torch_runtime,
-        numpy=suite.numpy,
-        run_plan=run_plan,
-    )
-    files = artifact.build(suite.observations, record, run_plan=run_plan)
-    try:
-        reservation.fill(files)
-    except OSError as exc:
-        raise UsageError(f"the artifact could not be written to {args.output_dir}: {exc}") from exc
-    # Scenarios are also judged against each other once all have run (rules.consistency): what
-    # that adds is printed before the verdict, so the console never says less than the artifact.
-    later = []
-    for name in run_plan.names:
-        reasons = canonical.loads(files[schema.result_file(name)])["reasons"]
-        added = [r for r in reasons if r not in printed.get(name, [])]
-        if added:
-            later.append(f"fail  {name:<24} compared with the other scenarios")
-            later += [f"      - {reason}" for reason in added]
-    summary = canonical.loads(files[schema.SUMMARY_FILE])
-    _print_lines(
-        [
-            *later,
-            f"{summary['verdict']}: {summary['passed']} passed, {summary['failed']} failed; "
-            f"evidence in {args.output_dir}",
-        ]
-    )
-    return EXIT_OK if summary["verdict"] == "pass" else EXIT_FAIL
 
 
 class Interrupted(BaseException):
@@ -444,37 +416,6 @@ def _fixture_args(given: list[str]) -> dict[str, Any]:
         except RecursionError:
             raise UsageError(f"--fixture-arg {name}: the value is nested too deeply") from None
     return arguments
-
-
-def _source_revision(given: str | None) -> str:
-    from dcp_invariant.evidence.provenance import valid_revision
-
-    if given is not None:
-        if not valid_revision(given):
-            raise UsageError(
-                f"--source-revision {given!r} is not a 40-character lowercase hex revision"
-            )
-        return given
-    env = os.environ.get("GITHUB_SHA", "")
-    if env:
-        if not valid_revision(env):
-            raise UsageError(
-                f"$GITHUB_SHA {env!r} is not a 40-hex revision: pass --source-revision"
-            )
-        return env
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        done = None
-    revision = done.stdout.strip() if done is not None and done.returncode == 0 else ""
-    if not valid_revision(revision):
-        raise UsageError(
-            "cannot tell which source revision is under test: pass --source-revision HEX40 "
-            "(or run inside a git checkout, or set GITHUB_SHA)"
-        )
-    return revision
 
 
 if __name__ == "__main__":

@@ -173,6 +173,10 @@ DEFAULT_STEPS_BEFORE = 3
 DEFAULT_STEPS_AFTER = 3
 MAX_WORLD_SIZE = 8
 MAX_STEPS = 1000
+# Seconds each worker group may take; a day at most: longer is a typo, and far longer overflows
+# the timers it reaches (1e308 did).
+DEFAULT_TIMEOUT = 180.0
+MAX_TIMEOUT = 86400.0
 _IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 FIXTURE_SPEC = re.compile(rf"{_IDENTIFIERS}:{_IDENTIFIERS}")
 # A component is a top-level key of the app's state_dict(); recorded keys are "app.<component>...".
@@ -350,16 +354,16 @@ def _fixture_args(given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     for name, value in given.items():
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
             raise PlanError(
-                f"--fixture-arg {name!r}: NAME must be a Python identifier, e.g. width=64"
+                f"fixture argument {name!r}: its name must be a Python identifier, e.g. width=64"
             )
         if name in RESERVED_ARGUMENTS:
             raise PlanError(
-                f"--fixture-arg {name}: the tool passes rank and world_size itself; "
+                f"fixture argument {name}: the tool passes rank and world_size itself; "
                 "choose another name"
             )
         if not _plain_json(value):
             raise PlanError(
-                f"--fixture-arg {name}: the value must be JSON (a number, string, true/false, "
+                f"fixture argument {name}: the value must be JSON (a number, string, true/false, "
                 "null, list or object), e.g. width=64 or name='\"tiny\"'"
             )
     if len(json.dumps(dict(given), sort_keys=True)) > MAX_FIXTURE_ARGS_BYTES:

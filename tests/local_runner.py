@@ -70,6 +70,7 @@ SESSION_VARIABLES = (
     "PYTHON",  # PYTHONPATH, PYTHONDONTWRITEBYTECODE, ...: this machine's, not a runner's
     "PYTEST_",
     "PYENV_VERSION",
+    "UV_",  # how .ci/run points uv at this machine's wheels: a runner's uv has no such settings
 )
 
 Outcome = Literal["success", "failure", "skipped"]

@@ -423,12 +423,14 @@ def test_action_installs_the_runtime_pins(
 def test_the_live_job_installs_the_loops_extra_pins(
     ci: dict[str, Any], pyproject: dict[str, Any]
 ) -> None:
-    loops = pyproject["project"]["optional-dependencies"]["loops"]
+    extras = pyproject["project"]["optional-dependencies"]
     steps = ci["jobs"]["integration"]["steps"]
     (live,) = [s for s in steps if "-m live" in s.get("run", "")]
     installed = re.findall(r'"([\w-]+==[\w.]+)"', live["run"])
+    # pytest and pytest-xdist (the plugin's parallel run) at the test extra's pins.
+    runners = [p for p in extras["test"] if p.startswith(("pytest==", "pytest-xdist=="))]
 
-    assert sorted(p for p in installed if not p.startswith("pytest==")) == sorted(loops)
+    assert sorted(installed) == sorted([*extras["loops"], *runners])
 
 
 def test_action_outputs_come_from_existing_steps(action: dict[str, Any]) -> None:
@@ -529,6 +531,21 @@ def test_last_step_is_the_offline_gate(action: dict[str, Any]) -> None:
 def readme_blocks(language: str) -> list[str]:
     text = README.read_text(encoding="utf-8")
     return re.findall(rf"^```{language}\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+
+
+def test_ci_runs_exactly_the_readme_test_command_with_the_actions_uv() -> None:
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    [quick_start] = [b for b in readme_blocks("") if b.startswith("git clone ")]
+    commands = [line.split("  #")[0].strip() for line in quick_start.splitlines()]
+    test_command = commands[-1]
+    ci_lines = [line for line in ci.splitlines() if line and not line.startswith("#")]
+
+    # The README's last Quick start line, as .ci/run's last; the uv it installs is the action's.
+    assert ci_lines[-1] == test_command == "uv run --extra dev pytest"
+    assert [c for c in commands if c.startswith("uv run ")] == commands[1:]
+    assert re.findall(r'"uv==([\d.]+)"', ci) == re.findall(
+        r'UV_VERSION: "([\d.]+)"', ACTION.read_text(encoding="utf-8")
+    )
 
 
 def test_readme_input_table_lists_every_action_input(action: dict[str, Any]) -> None:

@@ -32,7 +32,6 @@ from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import EnvironmentProblem, Workspace
 
-DEFAULT_TIMEOUT = 180.0
 PARALLEL = 2
 
 
@@ -83,7 +82,7 @@ def run_suite(
     run_plan: plan.Plan,
     names: Sequence[str] | None = None,
     fixture: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = plan.DEFAULT_TIMEOUT,
     on_finish: Callable[[Finished], None] | None = None,
 ) -> SuiteRun:
     """Run the plan's scenarios (or ``names`` of them) and return their observations.

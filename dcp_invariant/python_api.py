@@ -1,0 +1,274 @@
+"""The Python API: ``dcp_invariant.check(fixture, ...) -> Report``. The CLI's ``run`` is built on
+:func:`run_plan`, so both write the same artifact and reach the same verdict.
+
+Importing this module imports neither torch nor the suite: ``import dcp_invariant`` stays as
+cheap as the verifier needs it to be. The suite is imported when a check runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+from dcp_invariant import canonical, plan
+from dcp_invariant.errors import BadInput
+
+if TYPE_CHECKING:
+    from dcp_invariant.suite.runner import Finished
+
+
+class CheckInputError(BadInput):
+    """An argument of :func:`check` (or a CLI flag) the run cannot start with."""
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """One scenario's verdict and, when it failed, every reason, each led by its cause class."""
+
+    name: str
+    verdict: Literal["pass", "fail"]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The failures of one cause class, across the scenarios that showed it."""
+
+    cause: str  # e.g. "state outside state_dict()", "did not round-trip through DCP"
+    scenarios: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a check found. ``str(report)`` is the message a failed test shows."""
+
+    passed: bool
+    results: Mapping[str, ScenarioResult]  # in the plan's order
+    diagnoses: tuple[Diagnosis, ...]  # ranked: the likeliest root cause first
+    artifact: Path | None  # the evidence directory; None when the run wrote none
+
+    def __str__(self) -> str:
+        failed = [r.name for r in self.results.values() if r.verdict == "fail"]
+        where = f"; evidence in {self.artifact}" if self.artifact is not None else ""
+        head = (
+            f"dcp-invariant: {'pass' if self.passed else 'fail'}: "
+            f"{len(self.results) - len(failed)} passed, {len(failed)} failed{where}"
+        )
+        lines = [head]
+        for diagnosis in self.diagnoses:
+            lines.append(f"{diagnosis.cause} ({', '.join(diagnosis.scenarios) or 'the run'}):")
+            lines += [f"  - {reason}" for reason in dict.fromkeys(diagnosis.reasons)]
+        return "\n".join(lines)
+
+
+def check(
+    fixture: str | Callable[..., Any],
+    *,
+    world_sizes: Iterable[int] = plan.DEFAULT_WORLD_SIZES,
+    steps_before: int = plan.DEFAULT_STEPS_BEFORE,
+    steps_after: int = plan.DEFAULT_STEPS_AFTER,
+    output_dir: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    fixture_args: Mapping[str, Any] | None = None,
+    rank_local: Sequence[str] = (),
+    source_revision: str | None = None,
+) -> Report:
+    """Check the training loop ``fixture`` builds, as ``dcp-invariant run --fixture`` does.
+
+    ``fixture`` is ``"module:callable"`` or a module-level callable; it is called as
+    ``fixture(rank, world_size, **fixture_args)`` in worker processes, which import it by name.
+    ``output_dir`` must not exist or be empty; ``None`` writes the evidence to a new temporary
+    directory, named in the report. Bad input raises :class:`~dcp_invariant.BadInput` (one line:
+    the problem and the fix) before anything runs or is written.
+    """
+    spec = fixture_spec(fixture)
+    run = plan.fixture_plan(
+        spec,
+        _sizes(world_sizes),
+        steps_before,
+        steps_after,
+        fixture_args,
+        _names(rank_local),
+    )
+    seconds = checked_timeout(timeout)
+    revision = source_revision_of(source_revision)
+    if output_dir is not None:
+        return run_plan(run, Path(output_dir), timeout=seconds, revision=revision)
+    home = Path(tempfile.mkdtemp(prefix="dcp-invariant-"))
+    try:
+        return run_plan(run, home / "evidence", timeout=seconds, revision=revision)
+    except BaseException:
+        shutil.rmtree(home, ignore_errors=True)  # nothing written: the directory was ours
+        raise
+
+
+def run_plan(
+    run: plan.Plan,
+    output_dir: Path,
+    *,
+    timeout: float,
+    revision: str,
+    on_finish: Callable[[Finished], None] | None = None,
+) -> Report:
+    """Run ``run``'s scenarios and write the artifact to ``output_dir``; the report it holds."""
+    from dcp_invariant.evidence import artifact, provenance, schema
+    from dcp_invariant.evidence.families.groups import TIMEOUT
+    from dcp_invariant.suite import output_dir as reserve
+    from dcp_invariant.suite import runner
+
+    reservation = reserve.Reservation(output_dir)
+    try:
+        try:
+            suite = runner.run_suite(run_plan=run, timeout=timeout, on_finish=on_finish)
+        except runner.FixtureTimeout as exc:
+            timed_out = Diagnosis(TIMEOUT, (), (str(exc),))
+            return Report(False, MappingProxyType({}), (timed_out,), None)
+        record = provenance.build(
+            source_revision=revision,
+            torch_distribution=suite.torch_distribution,
+            torch_runtime=suite.torch_runtime,
+            numpy=suite.numpy,
+            run_plan=run,
+        )
+        files = artifact.build(suite.observations, record, run_plan=run)
+        try:
+            reservation.fill(files)
+        except OSError as exc:
+            raise CheckInputError(
+                f"the artifact could not be written to {output_dir}: {exc}"
+            ) from exc
+    finally:
+        reservation.release()
+    results = {}
+    for name in run.names:
+        record = canonical.loads(files[schema.result_file(name)])
+        results[name] = ScenarioResult(name, record["verdict"], tuple(record["reasons"]))
+    summary = canonical.loads(files[schema.SUMMARY_FILE])
+    return Report(
+        summary["verdict"] == "pass",
+        MappingProxyType(results),
+        ranked(results.values()),
+        output_dir,
+    )
+
+
+def ranked(results: Iterable[ScenarioResult]) -> tuple[Diagnosis, ...]:
+    """Failures grouped by cause class, the diagnosis's ranked causes first, then the others in
+    the order they first appear."""
+    from dcp_invariant.evidence import diagnosis
+
+    by_cause: dict[str, tuple[list[str], list[str]]] = {}
+    for result in results:
+        for reason in result.reasons:
+            cause = reason.split(": ", 1)[0] if ": " in reason else reason
+            scenarios, reasons = by_cause.setdefault(cause, ([], []))
+            if result.name not in scenarios:
+                scenarios.append(result.name)
+            reasons.append(reason)
+    order = {cause: i for i, cause in enumerate(diagnosis.RANKED_CAUSES)}
+    causes = sorted(by_cause, key=lambda c: order.get(c, len(order)))  # stable: first seen
+    return tuple(Diagnosis(c, tuple(by_cause[c][0]), tuple(by_cause[c][1])) for c in causes)
+
+
+def fixture_spec(fixture: str | Callable[..., Any]) -> str:
+    """``"module:callable"`` for ``fixture``: workers import it by that name."""
+    if isinstance(fixture, str):
+        return fixture
+    if not callable(fixture):
+        raise CheckInputError(
+            f"fixture {fixture!r} is neither 'module:callable' nor a callable: pass one of the two"
+        )
+    module = getattr(fixture, "__module__", None)
+    qualname = getattr(fixture, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise CheckInputError(
+            f"fixture {fixture!r} has no module-level name workers could import: "
+            "pass 'module:callable' instead"
+        )
+    if "<" in qualname:  # <lambda>, <locals>
+        raise CheckInputError(
+            f"fixture {module}.{qualname} is a lambda or defined inside a function, and worker "
+            "processes import it by name: define it at the top level of a module"
+        )
+    if module == "__main__":
+        raise CheckInputError(
+            f"fixture {qualname} is defined in the script being run (__main__), which worker "
+            "processes cannot import by name: move it into a module"
+        )
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if target is not fixture:
+        raise CheckInputError(
+            f"fixture {module}:{qualname} does not name the callable given (a decorator that "
+            "hides its name?): pass 'module:callable' naming what workers should call"
+        )
+    return f"{module}:{qualname}"
+
+
+def _sizes(world_sizes: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(world_sizes, (str, bytes)):
+        raise CheckInputError(f"world sizes {world_sizes!r}: give integers, e.g. (1, 2)")
+    return tuple(world_sizes)
+
+
+def _names(rank_local: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(rank_local, str):  # "data" would otherwise be four components
+        return (rank_local,)
+    return tuple(rank_local)
+
+
+def checked_timeout(timeout: float | None, name: str = "timeout") -> float:
+    """Seconds each worker group may take; the default when ``None``. ``name``: the argument's
+    name in the message (the CLI's flag)."""
+    if timeout is None:
+        return plan.DEFAULT_TIMEOUT
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= plan.MAX_TIMEOUT
+    ):
+        raise CheckInputError(
+            f"{name} must be a number of seconds from 0 to {plan.MAX_TIMEOUT:g}, got {timeout}"
+        )
+    return float(timeout)
+
+
+def source_revision_of(given: str | None, name: str = "source_revision") -> str:
+    """The revision under test: ``given``, else ``$GITHUB_SHA``, else ``git rev-parse HEAD``.
+    ``name``: how the message names the argument (the CLI's flag)."""
+    from dcp_invariant.evidence.provenance import valid_revision
+
+    if given is not None:
+        if not valid_revision(given):
+            raise CheckInputError(f"{name} {given!r} is not a 40-character lowercase hex revision")
+        return given
+    env = os.environ.get("GITHUB_SHA", "")
+    if env:
+        if not valid_revision(env):
+            raise CheckInputError(f"$GITHUB_SHA {env!r} is not a 40-hex revision: pass {name}")
+        return env
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        done = None
+    revision = done.stdout.strip() if done is not None and done.returncode == 0 else ""
+    if not valid_revision(revision):
+        raise CheckInputError(
+            f"cannot tell which source revision is under test: pass {name} (40 hex digits), "
+            "or run inside a git checkout, or set GITHUB_SHA"
+        )
+    return revision

@@ -1,0 +1,115 @@
+"""dcp_invariant.check() for real: the artifact the CLI writes, a report that names the cause,
+and the pytest plugin in a pytest of its own (a user's test suite)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_runs import REVISION, run_cli
+
+import dcp_invariant
+from dcp_invariant.evidence import diagnosis, schema
+from dcp_invariant.evidence.verify import verify_artifact
+
+pytestmark = pytest.mark.live
+
+TESTS = Path(__file__).resolve().parents[1]
+EXAMPLES = TESTS.parent / "examples"
+PYTEST_TIMEOUT = 1200
+
+
+def _observations(artifact: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((artifact / "observations").iterdir())}
+
+
+def test_check_passes_a_correct_loop_and_writes_what_the_cli_writes(tmp_path: Path) -> None:
+    import fixture_loops
+
+    report = dcp_invariant.check(
+        fixture_loops.correct, output_dir=tmp_path / "api", source_revision=REVISION
+    )
+    cli = run_cli(
+        "run", "--fixture", "fixture_loops:correct", "--output-dir", str(tmp_path / "cli"),
+        "--source-revision", REVISION, cwd=TESTS,
+    )  # fmt: skip
+
+    assert report.passed, str(report)
+    assert report.artifact == tmp_path / "api"
+    assert verify_artifact(report.artifact).passed
+    assert [r.verdict for r in report.results.values()] == ["pass"] * len(report.results)
+    assert report.diagnoses == ()
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert tuple(report.results) == verify_artifact(tmp_path / "cli").run_plan.names
+    # One code path: the API's evidence is the CLI's, byte for byte.
+    assert _observations(report.artifact) == _observations(tmp_path / "cli")
+
+
+def test_check_of_a_buggy_loop_ranks_the_cause_and_keeps_the_evidence(tmp_path: Path) -> None:
+    report = dcp_invariant.check(
+        "fixture_loops:rng_outside_state", world_sizes=[1], source_revision=REVISION
+    )
+    try:
+        assert not report.passed
+        assert report.diagnoses[0].cause == diagnosis.OUTSIDE_STATE_DICT
+        assert "resume_1" in report.diagnoses[0].scenarios
+        assert str(report).startswith("dcp-invariant: fail: ")
+        assert report.artifact is not None and verify_artifact(report.artifact).valid
+        # No output_dir: a fresh temporary directory, which the report names.
+        assert report.artifact.parent.name.startswith("dcp-invariant-")
+    finally:
+        if report.artifact is not None:
+            import shutil
+
+            shutil.rmtree(report.artifact.parent)
+
+
+_BUGGY_TEST = """
+
+def test_resume_of_the_buggy_copy(dcp_invariant):
+    dcp_invariant.check("examples.buggy_mlp_fixture:fixture", world_sizes=[1, 2])
+"""
+
+
+def _readme_plugin_test() -> str:
+    """The README's plugin example, verbatim: what it shows is what runs here."""
+    text = (TESTS.parent / "README.md").read_text(encoding="utf-8")
+    pattern = r"^```\n(def test_resume\(dcp_invariant\):\n.*?)^```$"
+    [block] = re.findall(pattern, text, re.M | re.S)
+    return str(block)
+
+
+@pytest.mark.parametrize("parallel", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_the_pytest_plugin_in_a_users_test_suite(tmp_path: Path, parallel: list[str]) -> None:
+    if parallel and importlib.util.find_spec("xdist") is None:
+        pytest.skip("pytest-xdist is not installed")
+    project = tmp_path / "project"
+    (project / "examples").mkdir(parents=True)
+    for example in ("mlp_fixture.py", "buggy_mlp_fixture.py"):
+        (project / "examples" / example).write_bytes((EXAMPLES / example).read_bytes())
+    (project / "test_resume.py").write_text(_readme_plugin_test() + _BUGGY_TEST, encoding="utf-8")
+    env = {**os.environ, "GITHUB_SHA": REVISION, "PYTHONPATH": str(project)}
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider",
+            "--basetemp", str(tmp_path / "base"), *parallel, "test_resume.py",
+        ],
+        capture_output=True, text=True, timeout=PYTEST_TIMEOUT, cwd=project, env=env, check=False,
+    )  # fmt: skip
+    out = done.stdout
+
+    assert done.returncode == 1, out + done.stderr
+    assert "1 failed, 1 passed" in out, out
+    # The failure is an assertion whose message is the diagnosis, cause class first.
+    assert "AssertionError: dcp-invariant: fail: " in out, out
+    assert f"{diagnosis.OUTSIDE_STATE_DICT} (resume_1" in out, out
+    # Each check's evidence lands under its own test's tmp_path, whole.
+    artifacts = sorted((tmp_path / "base").rglob(schema.MANIFEST_FILE))
+    assert len(artifacts) == 2, artifacts
+    assert len({a.parent.parent for a in artifacts}) == 2
+    assert all(verify_artifact(a.parent).valid for a in artifacts)

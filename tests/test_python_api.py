@@ -1,0 +1,158 @@
+"""The Python API without torch: what check() refuses before anything runs, how a report ranks
+and words its diagnoses. tests/suite/test_python_api_live.py runs it for real."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import fixture_loops
+import pytest
+
+import dcp_invariant
+from dcp_invariant import BadInput, Diagnosis, Report, ScenarioResult, python_api
+from dcp_invariant.evidence import diagnosis
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def module_level(rank: int, world_size: int) -> None:
+    """Stands in for a fixture: check() resolves its name, never calls it here."""
+
+
+@functools.wraps(module_level)
+def wrapped(rank: int, world_size: int) -> None:
+    """A decorator's wrapper that claims module_level's name."""
+
+
+def test_a_module_level_callable_is_named_for_the_workers() -> None:
+    assert python_api.fixture_spec(module_level) == f"{__name__}:module_level"
+    assert python_api.fixture_spec(fixture_loops.correct) == "fixture_loops:correct"
+    assert python_api.fixture_spec("pkg.mod:make_app") == "pkg.mod:make_app"
+
+
+def _local() -> Callable[[int, int], None]:
+    def inner(rank: int, world_size: int) -> None:
+        pass
+
+    return inner
+
+
+@pytest.mark.parametrize(
+    ("fixture", "says"),
+    [
+        (lambda rank, world_size: None, "lambda or defined inside a function"),
+        (_local(), "lambda or defined inside a function"),
+        (wrapped, "does not name the callable given"),
+        (42, "neither 'module:callable' nor a callable"),
+    ],
+    ids=["lambda", "local", "decorated", "number"],
+)
+def test_a_fixture_workers_cannot_import_is_bad_input(fixture: Any, says: str) -> None:
+    with pytest.raises(BadInput, match=says) as caught:
+        python_api.fixture_spec(fixture)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_fixture_of_the_running_script_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    def in_main(rank: int, world_size: int) -> None:
+        pass
+
+    monkeypatch.setattr(in_main, "__module__", "__main__")
+    monkeypatch.setattr(in_main, "__qualname__", "in_main")
+    with pytest.raises(BadInput, match=r"__main__.*move it into a module"):
+        python_api.fixture_spec(in_main)
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"world_sizes": (1, 1)}, "distinct integers"),
+        ({"world_sizes": "12"}, "give integers"),
+        ({"steps_before": 0}, "steps before the save"),
+        ({"timeout": 0}, "timeout must be a number of seconds"),
+        ({"timeout": float("nan")}, "timeout must be a number of seconds"),
+        ({"timeout": True}, "timeout must be a number of seconds"),
+        ({"source_revision": "abc"}, "source_revision 'abc' is not a 40-character"),
+        ({"fixture_args": {"1x": 2}}, "its name must be a Python identifier"),
+        ({"fixture_args": {"rank": 2}}, "passes rank and world_size itself"),
+    ],
+)
+def test_bad_input_raises_before_anything_is_written(
+    tmp_path: Path, options: dict[str, Any], says: str
+) -> None:
+    output = tmp_path / "evidence"
+    before = sorted(os.listdir(os.environ["TMPDIR"]))
+    with pytest.raises(BadInput, match=says) as caught:
+        dcp_invariant.check(
+            fixture_loops.correct, output_dir=output, **{"source_revision": REVISION, **options}
+        )
+    assert "\n" not in str(caught.value)
+    assert not output.exists()
+    assert sorted(os.listdir(os.environ["TMPDIR"])) == before
+
+
+def test_a_non_empty_output_directory_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(BadInput, match="not an empty directory"):
+        dcp_invariant.check(fixture_loops.correct, output_dir=tmp_path, source_revision=REVISION)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_the_api_defaults_are_the_clis() -> None:
+    import inspect
+
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(dcp_invariant.check).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    assert defaults["world_sizes"] == (1, 2)
+    assert (defaults["steps_before"], defaults["steps_after"]) == (3, 3)
+    assert python_api.checked_timeout(None) == 180.0
+
+
+def _result(name: str, *reasons: str) -> ScenarioResult:
+    return ScenarioResult(name, "fail" if reasons else "pass", reasons)
+
+
+def test_diagnoses_are_grouped_by_cause_and_ranked() -> None:
+    results = [
+        _result("resume_1", f"{diagnosis.OUTSIDE_STATE_DICT}: rank 0: step 4 differs"),
+        _result("reshard_1_to_2", "error: the driver stopped on OSError"),
+        _result(
+            "resume_2",
+            f"{diagnosis.OUTSIDE_STATE_DICT}: rank 1: step 4 differs",
+            f"{diagnosis.ROUND_TRIP}: rank 1: app.x differs",
+        ),
+        _result("elastic_restart_2_to_2"),
+    ]
+    ranked = python_api.ranked(results)
+    assert [d.cause for d in ranked] == [
+        diagnosis.ROUND_TRIP,
+        diagnosis.OUTSIDE_STATE_DICT,
+        "error",
+    ]
+    assert ranked[1].scenarios == ("resume_1", "resume_2")
+    assert len(ranked[1].reasons) == 2
+
+
+def test_a_report_reads_as_the_diagnosis() -> None:
+    reason = f"{diagnosis.OUTSIDE_STATE_DICT}: rank 0: step 4 differs"
+    report = Report(
+        False,
+        MappingProxyType(
+            {"resume_1": _result("resume_1", reason), "resume_2": _result("resume_2")}
+        ),
+        (Diagnosis(diagnosis.OUTSIDE_STATE_DICT, ("resume_1",), (reason,)),),
+        Path("out"),
+    )
+    assert str(report).splitlines() == [
+        f"dcp-invariant: fail: 1 passed, 1 failed; evidence in {Path('out')}",
+        f"{diagnosis.OUTSIDE_STATE_DICT} (resume_1):",
+        f"  - {reason}",
+    ]
