@@ -82,23 +82,30 @@ def list_of(inner: Check, max_items: int = 64) -> Check:
     return check
 
 
-def record(**fields: Check) -> Check:
-    names = fields.keys()
-    ordered = sorted(fields.items())
+class Record:
+    """The check :func:`record` makes. Its ``names`` stay readable, so a typed mirror of the
+    record (a TypedDict the code that builds it uses) can be held to exactly these keys."""
 
-    def check(value: Any, where: str) -> list[str]:
+    def __init__(self, fields: dict[str, Check]) -> None:
+        self.names = frozenset(fields)
+        self._ordered = sorted(fields.items())
+
+    def __call__(self, value: Any, where: str) -> list[str]:
         if not isinstance(value, dict):
             return [f"{where}: expected an object, got {type_name(value)}"]
         problems: list[str] = []
+        names = self.names
         if value.keys() != names:
             problems += [f"{where}: missing key {k!r}" for k in sorted(names - value.keys())]
             problems += [f"{where}: unknown key {k!r}" for k in sorted(value.keys() - names)]
-        for key, inner in ordered:
+        for key, inner in self._ordered:
             if key in value:
                 problems += inner(value[key], f"{where}.{key}")
         return problems
 
-    return check
+
+def record(**fields: Check) -> Record:
+    return Record(fields)
 
 
 def json_object(value: Any, where: str) -> list[str]:

@@ -24,6 +24,7 @@ from dcp_invariant.evidence.families.record_parts import (
 from dcp_invariant.evidence.families.record_parts import (
     aggregate as aggregate,
 )
+from dcp_invariant.evidence.families.records import CommitRecord
 
 
 def shape_of(family: plan.Family, run_plan: plan.Plan) -> Check:
@@ -67,7 +68,7 @@ def _at(record: dict[str, Any], dotted: str) -> Any:
 
 def _commits(
     scenario: plan.Scenario, obs: dict[str, Any], run_plan: plan.Plan
-) -> list[tuple[str, dict[str, Any], str]]:
+) -> list[tuple[str, CommitRecord, str]]:
     """Each commit the scenario's driver made, in order, with the checkpoint label it used."""
     steps = FAMILIES[scenario.family].commits(run_plan)
     return [(key, obs[key], label) for key, label in steps if obs[key] is not None]

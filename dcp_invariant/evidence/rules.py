@@ -16,6 +16,7 @@ from dcp_invariant import plan
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.families import FAMILIES
 from dcp_invariant.evidence.families.record_parts import Obs
+from dcp_invariant.evidence.families.records import CommitRecord
 from dcp_invariant.evidence.families.sightings import Sightings
 
 
@@ -35,7 +36,7 @@ def derive(name: str, obs: Obs, *, run_plan: plan.Plan) -> list[str]:
     return reasons
 
 
-def _sealing(commit: Obs, where: str) -> list[str]:
+def _sealing(commit: CommitRecord, where: str) -> list[str]:
     """A seal either succeeded, with a receipt and no error, or failed, with an error and no
     receipt: the driver records exactly one of the two (``commit`` in
     dcp_invariant/suite/scenarios/common.py)."""

@@ -21,12 +21,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dcp_invariant import canonical
 from dcp_invariant.errors import BadInput
+from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite import reaper, worker
 
 # What workers import, including what torch 2.13 imports lazily on a worker's first
@@ -68,7 +70,7 @@ class GroupOutcome:
     def ok(self) -> bool:
         return not self.timed_out and all(code == 0 for code in self.exit_codes)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> GroupRecord:
         return {"exit_codes": self.exit_codes, "timed_out": self.timed_out, "ranks": self.results}
 
     def log_tail(self, lines: int = 20) -> str:
@@ -178,8 +180,13 @@ class WorkerPool:
                     os.environ[key] = value
 
     def run_group(
-        self, task: str, world_size: int, workdir: Path, group: str, payload: dict[str, Any]
+        self, task: str, world_size: int, workdir: Path, group: str, payload: Mapping[str, object]
     ) -> GroupOutcome:
+        """Run ``task`` on ``world_size`` fresh ranks, each given ``payload`` as it is.
+
+        Each task's payload type is in :mod:`dcp_invariant.suite.scenarios.payloads`; any mapping
+        of plain data goes (the runner's probes and the tests send their own).
+        """
         worker.prepare_workdir(workdir)
         self._refuse_if_cancelled()
         jobs = [

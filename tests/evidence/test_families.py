@@ -6,12 +6,14 @@ from __future__ import annotations
 import ast
 from itertools import pairwise
 from pathlib import Path
+from typing import Any, get_args, get_type_hints
 
 import pytest
 
 from dcp_invariant import plan
 from dcp_invariant.evidence import families
-from dcp_invariant.evidence.families import FAMILIES
+from dcp_invariant.evidence.checks import Record, json_object
+from dcp_invariant.evidence.families import FAMILIES, record_parts, records
 
 EVIDENCE = Path(families.__file__).parent.parent
 MEMBERS = ("shape_for", "rule", "commits", "sightings")
@@ -79,3 +81,49 @@ def test_no_evidence_module_branches_on_a_family_name(path: Path) -> None:
 )
 def test_the_check_finds_a_family_name_branch(source: str) -> None:
     assert _family_literal_comparisons(source) == [1]
+
+
+# --- the typed record parts and the shapes they mirror -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typed", "shape"),
+    [
+        (records.CommitRecord, record_parts.commit),
+        (records.GroupRecord, record_parts.group(json_object)),
+        (records.FileSize, record_parts.file_size),
+        (records.Failure, record_parts.failure),
+    ],
+    ids=["commit", "group", "file_size", "failure"],
+)
+def test_a_typed_record_part_has_exactly_the_keys_its_shape_requires(
+    typed: Any, shape: Record
+) -> None:
+    # What the driver builds (mypy checks it against the TypedDict) is what the verifier then
+    # requires (the shape): a key added to one and not the other would fail every artifact.
+    assert set(get_type_hints(typed)) == shape.names
+
+
+def test_the_observation_base_is_what_every_family_shares() -> None:
+    base = set(get_type_hints(records.ObservationBase))
+    assert base == set(record_parts.common_fields)
+    for run_plan in PLANS:
+        for scenario in run_plan.scenarios:
+            shape = FAMILIES[scenario.family].shape_for(run_plan)
+            assert isinstance(shape, Record), scenario.name
+            assert base <= shape.names, scenario.name
+
+
+def test_a_failure_reason_is_one_the_plan_names() -> None:
+    reason = get_type_hints(records.Failure)["reason"]
+    assert get_args(reason) == plan.FAILURE_REASONS
+
+
+def test_no_family_module_imports_another_ones_private_names() -> None:
+    for path in sorted(Path(families.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "dcp_invariant."
+            ):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"

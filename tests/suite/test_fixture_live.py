@@ -57,8 +57,9 @@ def derive(
     names: list[str],
     world_sizes: tuple[int, ...] = (1, 2),
     rank_local: tuple[str, ...] = (),
+    module: str = "fixture_loops",
 ) -> dict[str, list[str]]:
-    the_plan = plan.fixture_plan(f"fixture_loops:{fixture}", world_sizes, rank_local=rank_local)
+    the_plan = plan.fixture_plan(f"{module}:{fixture}", world_sizes, rank_local=rank_local)
     logs: list[str] = []
 
     def keep_logs(done: runner.Finished) -> None:
@@ -245,12 +246,10 @@ def test_async_saves_hold_the_state_at_the_save_while_the_next_step_runs() -> No
         assert staged == [name.startswith("async_staged")] * 2
 
 
-def test_a_save_that_reads_the_tensors_late_is_caught_naming_the_keys(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The tool's own test hook: stage by reference, so the write sees step N+1's tensors.
-    monkeypatch.setenv("DCP_INVARIANT_TEST_STAGER", "lazy")
-    reasons = derive("correct", ["async_resume_1"])["async_resume_1"]
+def test_a_save_that_reads_the_tensors_late_is_caught_naming_the_keys() -> None:
+    # The correct loop, with the tool's stager replaced in its workers by one that stages by
+    # reference (tests/lazy_staging.py), so the write sees step N+1's tensors.
+    reasons = derive("correct", ["async_resume_1"], module="lazy_staging")["async_resume_1"]
     during = [r for r in reasons if r.startswith("changed during the save: rank 0: ")]
     assert during, reasons
     assert "app.model.0.weight" in during[0] and "hold the state after step 4" in during[0]

@@ -7,16 +7,16 @@ from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import one_of, optional, record
 from dcp_invariant.evidence.families import resume_evidence
 from dcp_invariant.evidence.families.fixture_arms import (
-    _fixture_common,
-    _saved_by_rank,
     async_train_rank,
+    fixture_common_fields,
     fixture_sightings,
+    saved_by_rank,
 )
 from dcp_invariant.evidence.families.promotion import commit_at_baseline
 from dcp_invariant.evidence.families.record_parts import Obs, always, group
 
 SHAPE = record(
-    **_fixture_common,
+    **fixture_common_fields,
     save_mode=one_of("thread", "staged", "process"),
     reference=optional(group(async_train_rank)),
     repeat=optional(group(async_train_rank)),
@@ -48,7 +48,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         after_save = {
             r["rank"]: r["steps"][0]["keys"] for r in obs["reference"]["ranks"] if r["steps"]
         }
-        saved = _saved_by_rank(obs["reference"])
+        saved = saved_by_rank(obs["reference"])
         for rank in obs["target"]["ranks"]:
             if rank["loaded"] is not None:
                 during += diagnosis.changed_during_save(

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, one_of, optional, record, string
-from dcp_invariant.evidence.families.groups import _consensus, _group
+from dcp_invariant.evidence.families.groups import consensus, group_finished
 from dcp_invariant.evidence.families.promotion import (
-    _dcp_files,
-    _refusals,
-    _refused_after_baseline,
     baseline_and_candidate,
+    exactly_dcp_files,
+    refusals,
+    refused_after_baseline,
 )
-from dcp_invariant.evidence.families.record_parts import Obs, _common, always
+from dcp_invariant.evidence.families.record_parts import Obs, always, common_fields
 from dcp_invariant.evidence.families.training_source import (
     refused_candidate_fields,
     source_sightings,
 )
 
 SHAPE = record(
-    **_common,
+    **common_fields,
     fixture=string,
     steps_before_save=integer(0),
     damage=record(kind=one_of("remove", "flip"), path=string, offset=optional(integer(0))),
@@ -29,7 +29,7 @@ shape_for = always(SHAPE)
 
 
 def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
-    reasons = _group(obs["source"], scenario.source_world_size, "source")
+    reasons = group_finished(obs["source"], scenario.source_world_size, "source")
     assert scenario.damage is not None, scenario.name
     kind, suffix, reason = (
         scenario.damage.kind,
@@ -51,10 +51,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         for r in source["ranks"]
         if len(r["saves"]) != 2 or r["next"] is not None
     ]
-    reasons += _consensus([r["saves"] for r in source["ranks"]], "source: saved states")
-    reasons += _refused_after_baseline(obs, "candidate")
+    reasons += consensus([r["saves"] for r in source["ranks"]], "source: saved states")
+    reasons += refused_after_baseline(obs, "candidate")
     if obs["baseline"] is not None:
-        reasons += _dcp_files(obs["baseline"], scenario.source_world_size, "baseline")
+        reasons += exactly_dcp_files(obs["baseline"], scenario.source_world_size, "baseline")
     candidate = obs["candidate"]
     if candidate is None:
         return reasons
@@ -62,7 +62,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         reasons.append("candidate: was never sealed, so the damage tested nothing")
     else:
         # The receipt lists the files as sealed, before the damage.
-        reasons += _dcp_files(candidate, scenario.source_world_size, "candidate")
+        reasons += exactly_dcp_files(candidate, scenario.source_world_size, "candidate")
     if candidate["receipt"] is not None and candidate["receipt"] == (obs["baseline"] or {}).get(
         "receipt"
     ):
@@ -78,7 +78,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     elif candidate["refused"] != [wanted]:
         # Only one file was damaged, so the receipt check has exactly one failure to report.
         reasons.append(
-            f"candidate: promotion reported {_refusals(candidate)}, not only {damage['path']}"
+            f"candidate: promotion reported {refusals(candidate)}, not only {damage['path']}"
         )
     return reasons
 

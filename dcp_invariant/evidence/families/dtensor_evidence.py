@@ -4,30 +4,30 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, optional, record, string
-from dcp_invariant.evidence.families.groups import _consensus, _group
+from dcp_invariant.evidence.families.groups import consensus, group_finished
 from dcp_invariant.evidence.families.promotion import (
-    _loaded_through_pointer,
     committed_then_loaded,
+    loaded_through_pointer,
 )
 from dcp_invariant.evidence.families.record_parts import (
     Obs,
-    _common,
-    _load_fields,
     always,
     commit,
+    common_fields,
     group,
     hex64,
+    load_fields,
     shape,
 )
 from dcp_invariant.evidence.families.sightings import Sightings
 
 dtensor_source_rank = record(rank=integer(0), local_shape=shape, global_digest=hex64)
 dtensor_target_rank = record(
-    **_load_fields, local_shape=optional(shape), global_digest=optional(hex64)
+    **load_fields, local_shape=optional(shape), global_digest=optional(hex64)
 )
 
 SHAPE = record(
-    **_common,
+    **common_fields,
     global_shape=shape,
     placement=string,
     dtype=string,
@@ -46,11 +46,9 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     planned = (list(plan.DTENSOR.shape), plan.DTENSOR.placement, plan.DTENSOR.dtype)
     if tested != planned:
         reasons.append(f"plan: tested {tested}, the scenario is defined as {planned}")
-    reasons += _group(obs["source"], scenario.source_world_size, "source")
+    reasons += group_finished(obs["source"], scenario.source_world_size, "source")
     source_ranks = obs["source"]["ranks"]
-    reasons += _consensus(
-        [r["global_digest"] for r in source_ranks], "source: global tensor digest"
-    )
+    reasons += consensus([r["global_digest"] for r in source_ranks], "source: global tensor digest")
     for rank in source_ranks:
         reasons += _shard_shape(rank, rows, rest, scenario.source_world_size, "source")
     saved = source_ranks[0]["global_digest"] if source_ranks else None
@@ -60,7 +58,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         return reasons
     for rank in target["ranks"]:
         where = f"target rank {rank['rank']}"
-        reasons += _loaded_through_pointer(rank, commit, where)
+        reasons += loaded_through_pointer(rank, commit, where)
         if rank["local_shape"] is None:
             reasons.append(f"{where}: reported no local shard")
         else:

@@ -16,28 +16,28 @@ from dcp_invariant.evidence.checks import (
     string,
 )
 from dcp_invariant.evidence.families.fixture_arms import left_running
-from dcp_invariant.evidence.families.groups import _rank_set, timed_out
-from dcp_invariant.evidence.families.promotion import _committed, commit_at_baseline
+from dcp_invariant.evidence.families.groups import rank_set, timed_out
+from dcp_invariant.evidence.families.promotion import commit_at_baseline, committed
 from dcp_invariant.evidence.families.record_parts import (
     Obs,
-    _common,
-    _load_fields,
     commit,
+    common_fields,
     digests,
     exit_code,
     group,
     hex64,
+    load_fields,
     step,
 )
 from dcp_invariant.evidence.families.training_source import (
-    _resumed,
-    _training_source,
+    resumed,
+    saved_and_stepped,
     source_sightings,
     training_source_rank,
 )
 
 elastic_target_rank = record(
-    **_load_fields,
+    **load_fields,
     loaded=optional(digests),
     next=optional(step),
     restart_count=integer(0),
@@ -60,7 +60,7 @@ attestation = record(
 
 
 _elastic_fields: dict[str, Check] = {
-    **_common,
+    **common_fields,
     "fixture": string,
     "steps_before_save": integer(0),
     "source": group(training_source_rank),
@@ -96,11 +96,11 @@ def shape_for(run_plan: plan.Plan) -> Check:
 
 
 def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
-    reasons, saved, reference = _training_source(obs, scenario.source_world_size)
+    reasons, saved, reference = saved_and_stepped(obs, scenario.source_world_size)
     commit = obs["commit"]
     if commit is None:
         return [*reasons, "commit: did not run"]
-    reasons += _committed(commit, scenario.source_world_size)
+    reasons += committed(commit, scenario.source_world_size)
     launcher = obs["launcher"]
     if launcher is None:
         return [*reasons, "torchrun: did not run"]
@@ -121,7 +121,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         reasons.append(f"failure marker: expected {expected_marker}, got {marker}")
     target = obs["target"]
     ranks = target["ranks"] if target is not None else []
-    reasons += _rank_set(ranks, scenario.target_world_size, "restarted group")
+    reasons += rank_set(ranks, scenario.target_world_size, "restarted group")
     for rank in ranks:
         where = f"restarted rank {rank['rank']}"
         if rank["restart_count"] != 1:
@@ -132,7 +132,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             reasons.append(f"{where}: the rendezvous address was not numeric loopback")
         # Each restarted rank resumes its own state: per-rank state need not be replicated.
         r = rank["rank"]
-        reasons += _resumed(rank, commit, saved.get(r), reference.get(r), where)
+        reasons += resumed(rank, commit, saved.get(r), reference.get(r), where)
     after = obs["after"]
     if after is None:
         return [*reasons, "post-restart check: did not run"]

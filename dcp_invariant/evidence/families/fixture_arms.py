@@ -22,18 +22,19 @@ from dcp_invariant.evidence.checks import (
     type_name,
 )
 from dcp_invariant.evidence.families.groups import (
-    _group,
-    _non_finite_loss,
-    _stopped_at_non_finite_loss,
+    first_non_finite_loss,
+    group_finished,
+    stopped_at_non_finite_loss,
 )
 from dcp_invariant.evidence.families.record_parts import (
     Obs,
-    _common,
-    _load_fields,
     commit,
+    common_fields,
     float_hex,
     group,
+    load_fields,
 )
+from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.evidence.families.sightings import Sightings
 
 # A fixture run's per-key records: {"app.model.weight": "float32[4,2] <sha256>", ...}.
@@ -69,7 +70,7 @@ _train_fields: dict[str, Check] = {
 fixture_train_rank = record(**_train_fields)
 
 fixture_resume_rank = record(
-    **_load_fields,
+    **load_fields,
     loaded=optional(key_records),
     load_error=optional(
         record(kind=one_of(*plan.LOAD_FAILURES), key=optional(string), exception=optional(string))
@@ -107,8 +108,8 @@ def left_running(value: Any, where: str) -> list[str]:
     return problems
 
 
-_fixture_common: dict[str, Check] = {
-    **_common,
+fixture_common_fields: dict[str, Check] = {
+    **common_fields,
     "left_running": left_running,
     "fixture": string,
     "steps_before_save": integer(1),
@@ -118,18 +119,18 @@ _fixture_common: dict[str, Check] = {
 }
 
 
-def _fixture_arm(
-    group: Obs, world_size: int, steps_before: int, steps_after: int, where: str
+def fixture_arm(
+    group: GroupRecord, world_size: int, steps_before: int, steps_after: int, where: str
 ) -> list[str]:
     """An arm that trained N steps, saved, and took K more, complete on every rank."""
     diverged = []
     for rank in group["ranks"]:
-        found = _non_finite_loss(rank, steps_before)
+        found = first_non_finite_loss(rank, steps_before)
         if found is not None:
             diverged.append(diagnosis.non_finite_loss(f"{where} rank {rank['rank']}", *found))
-    reasons = diverged + _group(group, world_size, where)
+    reasons = diverged + group_finished(group, world_size, where)
     for rank in group["ranks"]:
-        if _stopped_at_non_finite_loss(rank):
+        if stopped_at_non_finite_loss(rank):
             continue  # it stopped there, as it must: already the first reason
         if (
             len(rank["losses_before"]) != steps_before
@@ -143,17 +144,18 @@ def _fixture_arm(
     return reasons
 
 
-def _saved_by_rank(group: Obs) -> dict[int, dict[str, str]]:
+def saved_by_rank(group: GroupRecord) -> dict[int, dict[str, str]]:
+    """Each rank's per-key records of the state it saved, for the ranks that saved."""
     return {r["rank"]: r["saved"] for r in group["ranks"] if r["saved"] is not None}
 
 
-def _component(key: str) -> str:
+def component(key: str) -> str:
     """The top-level component of a recorded key: ``app.<component>...`` (the tool saves the
     app as ``{"app": app}``)."""
     return key.split(".", 2)[1] if key.count(".") else key
 
 
-def _load_failures(ranks: list[Obs], a: int, b: int, where: Callable[[int], str]) -> list[str]:
+def load_failures(ranks: list[Obs], a: int, b: int, where: Callable[[int], str]) -> list[str]:
     """Each rank's own load failure; DCP fails the load on every rank when one rank's fails."""
     failed = [r for r in ranks if r["load_error"] is not None]
     reasons = [
@@ -177,7 +179,7 @@ def _load_failure(error: Obs, where: str, a: int, b: int) -> list[str]:
         cause = diagnosis.DOES_NOT_RESHARD
         why = (
             f"make it a DTensor, or declare its component rank-local (--rank-local "
-            f"{_component(key or '')})"
+            f"{component(key or '')})"
         )
     if kind == "missing key":
         reshard = ": state keyed by rank does not reshard (torchtitan issue #811)" if a != b else ""

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant.evidence.families.record_parts import Obs
+from dcp_invariant.evidence.families.records import GroupRecord
 
 
-def _group(group: Obs, world_size: int, where: str) -> list[str]:
+def group_finished(group: GroupRecord, world_size: int, where: str) -> list[str]:
+    """The group finished in time, each of its ``world_size`` ranks exited 0 and reported."""
     reasons = []
     if group["timed_out"]:
         reasons.append(timed_out(where))
@@ -17,14 +19,14 @@ def _group(group: Obs, world_size: int, where: str) -> list[str]:
     # A fixture rank that recorded a non-finite loss stops there with exit code 1; the loss,
     # not the code, is the reason (reported by the family's rule).
     stopped = {
-        r["rank"] for r in group["ranks"] if isinstance(r, dict) and _stopped_at_non_finite_loss(r)
+        r["rank"] for r in group["ranks"] if isinstance(r, dict) and stopped_at_non_finite_loss(r)
     }
     reasons += [
         f"{where} rank {r}: exited with code {c}"
         for r, c in enumerate(codes)
         if c != 0 and not (c == 1 and r in stopped)
     ]
-    return reasons + _rank_set(group["ranks"], world_size, where)
+    return reasons + rank_set(group["ranks"], world_size, where)
 
 
 TIMEOUT = "timeout"
@@ -38,20 +40,22 @@ def timed_out(phase: str) -> str:
     )
 
 
-def _rank_set(ranks: list[Obs], world_size: int, where: str) -> list[str]:
+def rank_set(ranks: list[Obs], world_size: int, where: str) -> list[str]:
+    """Reports from ranks 0 to ``world_size`` - 1, in order, once each."""
     got = [r["rank"] for r in ranks]
     if got != list(range(world_size)):
         return [f"{where}: reports from ranks {got}, expected {list(range(world_size))}"]
     return []
 
 
-def _consensus(values: list[Any], what: str) -> list[str]:
+def consensus(values: list[Any], what: str) -> list[str]:
+    """Every rank recorded the same value."""
     if any(v != values[0] for v in values[1:]):
         return [f"{what}: ranks disagree"]
     return []
 
 
-def _non_finite_loss(rank: Obs, steps_before: int) -> tuple[int, str] | None:
+def first_non_finite_loss(rank: Obs, steps_before: int) -> tuple[int, str] | None:
     """The first step whose recorded loss is NaN or infinite, and that loss, if any.
 
     A rank records such a loss and stops (dcp_invariant/suite/scenarios/fixture_tasks.py): the
@@ -69,7 +73,8 @@ def _non_finite_loss(rank: Obs, steps_before: int) -> tuple[int, str] | None:
 _NON_FINITE = ("nan", "inf", "-inf")
 
 
-def _stopped_at_non_finite_loss(rank: Obs) -> bool:
+def stopped_at_non_finite_loss(rank: Obs) -> bool:
+    """A fixture rank that recorded a NaN or infinite loss, and so stopped there."""
     if not isinstance(rank.get("steps"), list):
         return False  # a registered scenario's record: it has no per-step losses
-    return _non_finite_loss(rank, 0) is not None
+    return first_non_finite_loss(rank, 0) is not None

@@ -4,8 +4,9 @@ was; and the ranks that load it do so through the pointer."""
 from __future__ import annotations
 
 from dcp_invariant import plan
-from dcp_invariant.evidence.families.groups import _group
+from dcp_invariant.evidence.families.groups import group_finished
 from dcp_invariant.evidence.families.record_parts import Obs
+from dcp_invariant.evidence.families.records import CommitRecord, GroupRecord
 
 
 def commit_at_baseline(run_plan: plan.Plan) -> list[tuple[str, str]]:
@@ -18,15 +19,15 @@ def baseline_and_candidate(run_plan: plan.Plan) -> list[tuple[str, str]]:
     return [("baseline", run_plan.baseline_label), ("candidate", run_plan.candidate_label)]
 
 
-def _promoted(commit: Obs, where: str) -> list[str]:
+def _promoted(commit: CommitRecord, where: str) -> list[str]:
     reasons = []
     if not commit["sealed"]:
         reasons.append(f"{where}: {commit['label']} was not sealed ({commit['seal_error']})")
     if not commit["promoted"]:
-        reasons.append(f"{where}: {commit['label']} was not promoted ({_refusals(commit)})")
+        reasons.append(f"{where}: {commit['label']} was not promoted ({refusals(commit)})")
         return reasons
     if commit["receipt"] is None or commit["refused"]:
-        reasons.append(f"{where}: promoted without a clean receipt ({_refusals(commit)})")
+        reasons.append(f"{where}: promoted without a clean receipt ({refusals(commit)})")
     names = [f["path"] for f in commit["files"]]
     if plan.METADATA_FILE not in names or not any(n.endswith(plan.SHARD_SUFFIX) for n in names):
         reasons.append(
@@ -41,7 +42,11 @@ def _promoted(commit: Obs, where: str) -> list[str]:
     return reasons
 
 
-def _dcp_files(commit: Obs, world_size: int, where: str, *, metadata: bool = True) -> list[str]:
+def exactly_dcp_files(
+    commit: CommitRecord, world_size: int, where: str, *, metadata: bool = True
+) -> list[str]:
+    """The commit's files are exactly those a DCP save by ``world_size`` ranks writes (without
+    ``.metadata``: a save cut short)."""
     names = [f["path"] for f in commit["files"]]
     expected = plan.dcp_files(world_size, metadata=metadata)
     if names == expected:
@@ -52,29 +57,30 @@ def _dcp_files(commit: Obs, world_size: int, where: str, *, metadata: bool = Tru
     ]
 
 
-def _committed(commit: Obs, world_size: int) -> list[str]:
+def committed(commit: CommitRecord, world_size: int) -> list[str]:
     """A save by ``world_size`` ranks, sealed and promoted with exactly DCP's files."""
-    return _promoted(commit, "commit") + _dcp_files(commit, world_size, "commit")
+    return _promoted(commit, "commit") + exactly_dcp_files(commit, world_size, "commit")
 
 
 def committed_then_loaded(
     scenario: plan.Scenario, obs: Obs
-) -> tuple[list[str], Obs | None, Obs | None]:
+) -> tuple[list[str], CommitRecord | None, GroupRecord | None]:
     """The source's save committed, then the target group that loaded it: the reasons so far,
     and the commit and target records, each None when it did not run (nothing more to judge)."""
-    commit = obs["commit"]
+    commit: CommitRecord | None = obs["commit"]
     if commit is None:
         return ["commit: did not run"], None, None
-    reasons = _committed(commit, scenario.source_world_size)
-    target = obs["target"]
+    reasons = committed(commit, scenario.source_world_size)
+    target: GroupRecord | None = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"], commit, None
-    return reasons + _group(target, scenario.target_world_size, "target"), commit, target
+    return reasons + group_finished(target, scenario.target_world_size, "target"), commit, target
 
 
-def _refused_after_baseline(obs: Obs, key: str) -> list[str]:
+def refused_after_baseline(obs: Obs, key: str) -> list[str]:
     """A committed baseline, then a candidate that was not promoted and left everything as it was."""
-    baseline, candidate = obs["baseline"], obs[key]
+    baseline: CommitRecord | None = obs["baseline"]
+    candidate: CommitRecord | None = obs[key]
     if baseline is None:
         return ["baseline: did not run"]
     reasons = _promoted(baseline, "baseline")
@@ -95,18 +101,20 @@ def _refused_after_baseline(obs: Obs, key: str) -> list[str]:
     return reasons
 
 
-def _loaded_through_pointer(rank: Obs, commit: Obs, where: str) -> list[str]:
+def loaded_through_pointer(rank: Obs, commit: CommitRecord, where: str) -> list[str]:
+    """A loading rank resolved the committed generation and verified it before and after."""
     reasons = []
     if rank["generation"] != commit["receipt"]:
         reasons.append(
             f"{where}: loaded generation {rank['generation']}, not the committed {commit['receipt']}"
         )
     if not rank["verified_before_load"]:
-        reasons.append(f"{where}: receipt verification failed before load ({_refusals(rank)})")
+        reasons.append(f"{where}: receipt verification failed before load ({refusals(rank)})")
     elif not rank["verified_after_load"]:
         reasons.append(f"{where}: receipt verification failed after load")
     return reasons
 
 
-def _refusals(record: Obs) -> str:
+def refusals(record: CommitRecord | Obs) -> str:
+    """What a commit or a loading rank recorded as refused, for a reason's text."""
     return "; ".join(f"{f['path']}: {f['reason']}" for f in record["refused"]) or "no reason"

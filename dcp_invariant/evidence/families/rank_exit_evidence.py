@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, record, string
-from dcp_invariant.evidence.families.groups import _consensus, _rank_set, timed_out
+from dcp_invariant.evidence.families.groups import consensus, rank_set, timed_out
 from dcp_invariant.evidence.families.promotion import (
-    _dcp_files,
-    _refused_after_baseline,
     baseline_and_candidate,
+    exactly_dcp_files,
+    refused_after_baseline,
 )
 from dcp_invariant.evidence.families.record_parts import (
     Obs,
-    _common,
     always,
+    common_fields,
     exit_code,
 )
 from dcp_invariant.evidence.families.training_source import (
@@ -23,7 +23,7 @@ from dcp_invariant.evidence.families.training_source import (
 )
 
 SHAPE = record(
-    **_common,
+    **common_fields,
     fixture=string,
     steps_before_save=integer(0),
     dying_rank=integer(0),
@@ -66,7 +66,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
                     f"source rank {r}: exit code {c}; a rank whose save fails under it exits "
                     f"{plan.SURVIVOR_EXIT_CODE}"
                 )
-    reasons += _rank_set(source["ranks"], scenario.source_world_size, "source")
+    reasons += rank_set(source["ranks"], scenario.source_world_size, "source")
     # Each rank reports after each save: the baseline, never the save cut short.
     reasons += [
         f"source rank {r['rank']}: recorded {len(r['saves'])} saves"
@@ -74,10 +74,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         for r in source["ranks"]
         if len(r["saves"]) != 1 or r["next"] is not None
     ]
-    reasons += _consensus([r["saves"][0] for r in source["ranks"] if r["saves"]], "baseline")
-    reasons += _refused_after_baseline(obs, "candidate")
+    reasons += consensus([r["saves"][0] for r in source["ranks"] if r["saves"]], "baseline")
+    reasons += refused_after_baseline(obs, "candidate")
     if obs["baseline"] is not None:
-        reasons += _dcp_files(obs["baseline"], scenario.source_world_size, "baseline")
+        reasons += exactly_dcp_files(obs["baseline"], scenario.source_world_size, "baseline")
     candidate = obs["candidate"]
     if candidate is not None:
         if candidate["sealed"] or candidate["seal_error"] is None:
@@ -87,7 +87,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         else:
             # Every rank wrote its shard before the collective that failed: one died right after
             # writing, the other's write is local and finishes first.
-            reasons += _dcp_files(
+            reasons += exactly_dcp_files(
                 candidate, scenario.source_world_size, "candidate", metadata=False
             )
     return reasons

@@ -16,6 +16,7 @@ from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.checks import (
     Check,
+    Record,
     boolean,
     integer,
     label,
@@ -28,7 +29,8 @@ from dcp_invariant.evidence.checks import (
     type_name,
 )
 
-# An observation record whose shape was checked.
+# An observation record whose shape was checked. The parts :mod:`.records` types (a commit, a
+# group) are read through their TypedDicts; the rest, whose keys vary by family, as plain dicts.
 Obs = dict[str, Any]
 
 _FLOAT_HEX = re.compile(r"-?0x[01]\.[0-9a-f]+p[+-]\d+|-?inf|nan")
@@ -79,6 +81,8 @@ shape = list_of(integer(0), max_items=8)
 
 step = record(loss=float_hex, digests=digests)
 
+# The shapes records.Failure, records.FileSize, records.CommitRecord, records.GroupRecord and
+# records.ObservationBase mirror, key for key.
 failure = record(path=string, reason=one_of(*plan.FAILURE_REASONS))
 
 file_size = record(path=string, size=integer(0))
@@ -99,7 +103,7 @@ commit = record(
 )
 
 # What a rank reports after resolving the pointer and (if verification passed) loading.
-_load_fields: dict[str, Check] = {
+load_fields: dict[str, Check] = {
     "rank": integer(0),
     "generation": optional(label("receipt")),
     "verified_before_load": boolean,
@@ -108,13 +112,13 @@ _load_fields: dict[str, Check] = {
 }
 
 
-def group(rank_record: Check) -> Check:
+def group(rank_record: Check) -> Record:
     return record(
         exit_codes=list_of(exit_code, 8), timed_out=boolean, ranks=list_of(rank_record, 8)
     )
 
 
-_common: dict[str, Check] = {
+common_fields: dict[str, Check] = {
     "schema_version": one_of(schema.SCHEMA_VERSION, schema.FIXTURE_SCHEMA_VERSION),
     "scenario": string,
     "source_world_size": integer(1),

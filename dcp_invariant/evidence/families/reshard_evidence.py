@@ -9,23 +9,25 @@ from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import list_of, record, string
 from dcp_invariant.evidence.families.fixture_arms import (
-    _component,
-    _fixture_arm,
-    _fixture_common,
-    _load_failures,
-    _saved_by_rank,
+    component,
+    fixture_arm,
+    fixture_common_fields,
     fixture_sightings,
     fixture_train_rank,
+    load_failures,
+    saved_by_rank,
 )
-from dcp_invariant.evidence.families.groups import _group, _non_finite_loss
+from dcp_invariant.evidence.families.groups import first_non_finite_loss, group_finished
 from dcp_invariant.evidence.families.promotion import (
-    _committed,
-    _loaded_through_pointer,
     commit_at_baseline,
+    committed,
+    loaded_through_pointer,
 )
 from dcp_invariant.evidence.families.record_parts import Obs, always, group
 
-SHAPE = record(**_fixture_common, source=group(fixture_train_rank), left_out=list_of(string, 64))
+SHAPE = record(
+    **fixture_common_fields, source=group(fixture_train_rank), left_out=list_of(string, 64)
+)
 
 shape_for = always(SHAPE)
 
@@ -35,23 +37,23 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     source rank saved. Components declared rank-local (``left_out``, held to the plan by
     :func:`dcp_invariant.evidence.rules.derive`) are neither loaded nor compared: each target rank keeps its own."""
     n, a, b = obs["steps_before_save"], scenario.source_world_size, scenario.target_world_size
-    reasons = _fixture_arm(obs["source"], a, n, 0, "source")
+    reasons = fixture_arm(obs["source"], a, n, 0, "source")
     if reasons:
         return reasons
     commit = obs["commit"]
     if commit is None:
         return ["commit: did not run"]
-    reasons += _committed(commit, a)
+    reasons += committed(commit, a)
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
-    reasons += _group(target, b, "resharded group")
+    reasons += group_finished(target, b, "resharded group")
     left_out = set(obs["left_out"])
-    saved = {r: _without(keys, left_out) for r, keys in _saved_by_rank(obs["source"]).items()}
+    saved = {r: _without(keys, left_out) for r, keys in saved_by_rank(obs["source"]).items()}
     hints: list[str] = []
     for rank in target["ranks"]:
         where = f"rank {rank['rank']} at world size {b}"
-        reasons += _loaded_through_pointer(rank, commit, where)
+        reasons += loaded_through_pointer(rank, commit, where)
         if rank["load_error"] is not None:
             continue
         if rank["loaded"] is None:
@@ -70,16 +72,16 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             rank["diffs"],
         )
         hints += [h for h in diagnosis.round_trip_hints(expected, loaded) if h not in hints]
-        found = _non_finite_loss(rank, n)
+        found = first_non_finite_loss(rank, n)
         if found is not None:
             reasons.append(diagnosis.non_finite_loss(where, *found))
         elif len(rank["steps"]) != obs["steps_after"]:
             reasons.append(
                 f"{where}: took {len(rank['steps'])} steps, the plan has {obs['steps_after']}"
             )
-    load_failures = _load_failures(target["ranks"], a, b, lambda r: f"rank {r} at world size {b}")
-    if load_failures:
-        return reasons + load_failures
+    failed_loads = load_failures(target["ranks"], a, b, lambda r: f"rank {r} at world size {b}")
+    if failed_loads:
+        return reasons + failed_loads
     # No rule here asks the ranks to agree with each other (on the loss, say): a rank's data and
     # loss may be its own. What the whole group must do is load everything that was saved.
     loaded_anywhere: set[str] = set()
@@ -88,7 +90,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if len(target["ranks"]) == b and all(r["loaded"] is not None for r in target["ranks"]):
         unloaded = sorted({k for keys in saved.values() for k in keys} - loaded_anywhere)
         if unloaded:
-            components = sorted({_component(k) for k in unloaded})
+            components = sorted({component(k) for k in unloaded})
             reasons.append(
                 f"{diagnosis.NOT_LOADED}: saved at world size {a}, loaded by no rank at {b}: "
                 f"{diagnosis.named(unloaded)}; their values are dropped, as a loader keyed by "
@@ -102,7 +104,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
 def _without(keys: Mapping[str, str], components: set[str]) -> dict[str, str]:
     if not components:
         return dict(keys)
-    return {k: v for k, v in keys.items() if _component(k) not in components}
+    return {k: v for k, v in keys.items() if component(k) not in components}
 
 
 commits = commit_at_baseline

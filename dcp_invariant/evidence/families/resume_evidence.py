@@ -7,23 +7,23 @@ from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import optional, record
 from dcp_invariant.evidence.families.fixture_arms import (
-    _fixture_arm,
-    _fixture_common,
-    _load_failures,
-    _saved_by_rank,
+    fixture_arm,
+    fixture_common_fields,
     fixture_sightings,
     fixture_train_rank,
+    load_failures,
+    saved_by_rank,
 )
-from dcp_invariant.evidence.families.groups import _group
+from dcp_invariant.evidence.families.groups import group_finished
 from dcp_invariant.evidence.families.promotion import (
-    _committed,
-    _loaded_through_pointer,
     commit_at_baseline,
+    committed,
+    loaded_through_pointer,
 )
 from dcp_invariant.evidence.families.record_parts import Obs, always, group
 
 SHAPE = record(
-    **_fixture_common,
+    **fixture_common_fields,
     reference=optional(group(fixture_train_rank)),
     repeat=optional(group(fixture_train_rank)),
 )
@@ -37,7 +37,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     for arm in ("reference", "repeat"):
         if obs[arm] is None:
             return [*reasons, f"{arm}: did not run"]
-        reasons += _fixture_arm(obs[arm], w, n, k, f"uninterrupted run ({arm})")
+        reasons += fixture_arm(obs[arm], w, n, k, f"uninterrupted run ({arm})")
     if reasons:
         return reasons
     reference = {r["rank"]: r for r in obs["reference"]["ranks"]}
@@ -48,18 +48,18 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return ["commit: did not run"]
-    reasons += _committed(commit, scenario.source_world_size)
+    reasons += committed(commit, scenario.source_world_size)
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
-    reasons += _group(target, scenario.target_world_size, "resumed group")
-    saved = _saved_by_rank(obs["reference"])
+    reasons += group_finished(target, scenario.target_world_size, "resumed group")
+    saved = saved_by_rank(obs["reference"])
     cause_1: list[str] = []
     hints: list[str] = []
     loaded_ranks = []
     for rank in target["ranks"]:
         where = f"rank {rank['rank']}"
-        reasons += _loaded_through_pointer(rank, commit, f"resumed {where}")
+        reasons += loaded_through_pointer(rank, commit, f"resumed {where}")
         if rank["load_error"] is not None:
             continue
         if rank["loaded"] is None:
@@ -70,7 +70,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         others = {r: s for r, s in saved.items() if r != rank["rank"]}
         cause_1 += diagnosis.round_trip(where, mine, rank["loaded"], others, rank["diffs"])
         hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
-    cause_1 += _load_failures(target["ranks"], w, w, lambda r: f"resumed rank {r}")
+    cause_1 += load_failures(target["ranks"], w, w, lambda r: f"resumed rank {r}")
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
     for rank in loaded_ranks:

@@ -5,32 +5,32 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, optional, record, string
-from dcp_invariant.evidence.families.groups import _consensus
+from dcp_invariant.evidence.families.groups import consensus
 from dcp_invariant.evidence.families.promotion import (
     commit_at_baseline,
     committed_then_loaded,
 )
 from dcp_invariant.evidence.families.record_parts import (
     Obs,
-    _common,
-    _load_fields,
     always,
     commit,
+    common_fields,
     digests,
     group,
+    load_fields,
     step,
 )
 from dcp_invariant.evidence.families.training_source import (
-    _resumed,
-    _training_source,
+    resumed,
+    saved_and_stepped,
     source_sightings,
     training_source_rank,
 )
 
-training_target_rank = record(**_load_fields, loaded=optional(digests), next=optional(step))
+training_target_rank = record(**load_fields, loaded=optional(digests), next=optional(step))
 
 SHAPE = record(
-    **_common,
+    **common_fields,
     fixture=string,
     steps_before_save=integer(0),
     source=group(training_source_rank),
@@ -42,19 +42,19 @@ shape_for = always(SHAPE)
 
 
 def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
-    reasons, saved, reference = _training_source(obs, scenario.source_world_size)
+    reasons, saved, reference = saved_and_stepped(obs, scenario.source_world_size)
     # The registered fixture replicates its state on every rank (README, "Limits"), and these
     # scenarios load it at another world size: there, and only there, ranks must agree, and
     # every resumed rank is held to the first complete source rank's state.
-    reasons += _consensus(list(saved.values()), "source: saved state")
-    reasons += _consensus(list(reference.values()), "source: uninterrupted next step")
+    reasons += consensus(list(saved.values()), "source: saved state")
+    reasons += consensus(list(reference.values()), "source: uninterrupted next step")
     first = min(saved, default=None)
     loaded, commit, target = committed_then_loaded(scenario, obs)
     reasons += loaded
     if commit is None or target is None:
         return reasons
     for rank in target["ranks"]:
-        reasons += _resumed(
+        reasons += resumed(
             rank,
             commit,
             saved.get(first) if first is not None else None,

@@ -9,9 +9,10 @@ from typing import Any
 from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import Check, boolean, integer, list_of, optional, record
-from dcp_invariant.evidence.families.groups import _group
-from dcp_invariant.evidence.families.promotion import _loaded_through_pointer
+from dcp_invariant.evidence.families.groups import group_finished
+from dcp_invariant.evidence.families.promotion import loaded_through_pointer
 from dcp_invariant.evidence.families.record_parts import Obs, commit, digests, group, step
+from dcp_invariant.evidence.families.records import CommitRecord
 from dcp_invariant.evidence.families.sightings import Sightings
 
 training_source_rank = record(rank=integer(0), saves=list_of(digests, 4), next=optional(step))
@@ -25,14 +26,16 @@ refused_candidate_fields: dict[str, Check] = {
 }
 
 
-def _training_source(obs: Obs, world_size: int) -> tuple[list[str], dict[int, Any], dict[int, Any]]:
+def saved_and_stepped(
+    obs: Obs, world_size: int
+) -> tuple[list[str], dict[int, Any], dict[int, Any]]:
     """Reasons about the saving group, plus each rank's saved state and uninterrupted next step.
 
     Nothing here requires the ranks to agree: a rank's state is its own unless a rule that
     reshards says otherwise (:func:`dcp_invariant.evidence.families.training_evidence.rule`).
     """
     source = obs["source"]
-    reasons = _group(source, world_size, "source")
+    reasons = group_finished(source, world_size, "source")
     ranks = source["ranks"]
     for rank in ranks:
         if len(rank["saves"]) != 1 or rank["next"] is None:
@@ -43,9 +46,9 @@ def _training_source(obs: Obs, world_size: int) -> tuple[list[str], dict[int, An
     return reasons, saved, reference
 
 
-def _resumed(rank: Obs, commit: Obs, saved: Any, reference: Any, where: str) -> list[str]:
+def resumed(rank: Obs, commit: CommitRecord, saved: Any, reference: Any, where: str) -> list[str]:
     """One resumed rank against the state its source rank saved and that rank's next step."""
-    reasons = _loaded_through_pointer(rank, commit, where)
+    reasons = loaded_through_pointer(rank, commit, where)
     if rank["loaded"] is None or rank["next"] is None:
         return [*reasons, f"{where}: did not load and step"]
     lost = [] if saved is None else _compare_digests(saved, rank["loaded"], f"{where}: after load")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +18,17 @@ from typing import Any
 from dcp_invariant import plan
 from dcp_invariant.canonical import CanonicalJSONError
 from dcp_invariant.commit import CheckpointStore, CommitError, PromotionRefused, SealError
+from dcp_invariant.commit.errors import Failure as StoreFailure
 from dcp_invariant.evidence import schema
+from dcp_invariant.evidence.families.records import (
+    CommitRecord,
+    Failure,
+    FileSize,
+    GroupRecord,
+    ObservationBase,
+)
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
+from dcp_invariant.suite.scenarios.payloads import Crash, Payload, PlannedSave, TrainAndSave
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import ENVIRONMENT_ERRNOS, environment_problem
 
@@ -27,7 +36,7 @@ PACKAGE = "dcp_invariant.suite.scenarios"
 TASKS = f"{PACKAGE}.tasks"
 LOAD_TASKS = ("load_and_step", "dtensor_load", "fixture_tasks:fixture_resume")
 STORE_ROOT = "ckpt"  # relative to the workspace: checkpoint ids never carry an absolute path
-EMPTY_GROUP: dict[str, Any] = {"exit_codes": [], "timed_out": False, "ranks": []}
+EMPTY_GROUP: GroupRecord = {"exit_codes": [], "timed_out": False, "ranks": []}
 # Failures of the protocol or of what workers left on disk: the scenario records them and fails,
 # the rest of the suite goes on. Anything else is a bug in this package and stops the run.
 DRIVER_ERRORS = (CommitError, CanonicalJSONError, OSError, KeyError)
@@ -79,7 +88,7 @@ class ScenarioContext:
         name: str,
         task: str,
         world_size: int,
-        payload: dict[str, Any],
+        payload: Payload,
         *,
         shareable: bool = False,
     ) -> GroupOutcome:
@@ -115,15 +124,14 @@ class ScenarioContext:
     def begin(self, **fields: Any) -> dict[str, Any]:
         """The observation with every field present, so a scenario cut short still has its shape."""
         sc = self.scenario
-        return {
+        base: ObservationBase = {
             "errors": [],
             "scenario": sc.name,
             "schema_version": schema.version_for(self.run_plan),
             "source_world_size": sc.source_world_size,
             "target_world_size": sc.target_world_size,
-            "source": EMPTY_GROUP,
-            **fields,
         }
+        return {**base, "source": EMPTY_GROUP, **fields}
 
     @contextmanager
     def recording(self, obs: dict[str, Any]) -> Iterator[None]:
@@ -146,7 +154,7 @@ class ScenarioContext:
         raw = self.store.pointer_bytes()
         return self.intern("pointer", None if raw is None else hashlib.sha256(raw).hexdigest())
 
-    def target_record(self, outcome: GroupOutcome) -> dict[str, Any]:
+    def target_record(self, outcome: GroupOutcome) -> GroupRecord:
         """A loading group's record, with each rank's raw generation digest turned into a label."""
         record = outcome.record()
         record["ranks"] = [
@@ -160,15 +168,15 @@ class ScenarioContext:
         saves: list[tuple[str, int]],
         *,
         reference_step: bool,
-        crash: dict[str, int] | None = None,
+        crash: Crash | None = None,
     ) -> GroupOutcome:
         """Train the fixture, saving ``(label, after_steps)`` in turn; ``crash`` kills the last save."""
-        plan: list[dict[str, Any]] = [
+        plan: list[PlannedSave] = [
             {"after_steps": steps, "checkpoint": self.candidate_id(label)} for label, steps in saves
         ]
         if crash is not None:
             plan[-1]["crash"] = crash
-        payload = {
+        payload: TrainAndSave = {
             "fixture": self.fixture,
             "fixture_args": self.run_plan.arguments,
             "saves": plan,
@@ -188,10 +196,12 @@ class ScenarioContext:
         obs["commit"] = self.commit(label)
         return bool(obs["commit"]["promoted"])
 
-    def commit(self, label: str, damage: Any = None) -> dict[str, Any]:
+    def commit(self, label: str, damage: Callable[[Path], None] | None = None) -> CommitRecord:
         """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it."""
         store = self.store
-        record: dict[str, Any] = {
+        # The fields after the attempt (candidate_retained, pointer_after, generations_after)
+        # are read once it is over; a driver error before then returns no record at all.
+        record: CommitRecord = {
             "label": label,
             "sealed": False,
             "seal_error": None,
@@ -199,8 +209,11 @@ class ScenarioContext:
             "files": _listing(store.candidate(label)),
             "promoted": False,
             "refused": [],
+            "candidate_retained": False,
             "pointer_before": self.pointer_label(),
+            "pointer_after": None,
             "generations_before": len(store.generation_names()),
+            "generations_after": 0,
         }
         try:
             sealed = store.seal(label)
@@ -215,7 +228,7 @@ class ScenarioContext:
             try:
                 store.promote(label)
             except PromotionRefused as exc:
-                record["refused"] = [f.to_record() for f in exc.failures]
+                record["refused"] = _failures(exc.failures)
             else:
                 record["promoted"] = True
         record["candidate_retained"] = store.candidate(label).is_dir()
@@ -224,11 +237,16 @@ class ScenarioContext:
         return record
 
 
-def _listing(directory: Path) -> list[dict[str, Any]]:
+def _failures(failures: list[StoreFailure]) -> list[Failure]:
+    """The protocol's failures as a commit record holds them (``Failure.to_record``, typed)."""
+    return [{"path": f.path, "reason": f.reason} for f in failures]
+
+
+def _listing(directory: Path) -> list[FileSize]:
     """Regular files in a candidate that could not be sealed: what a crashed writer left."""
     if not directory.is_dir():
         return []
-    out = []
+    out: list[FileSize] = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         st = entry.stat(follow_symlinks=False)
         if stat.S_ISREG(st.st_mode):

@@ -6,6 +6,7 @@ from typing import Any
 
 from dcp_invariant import plan
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.payloads import DTensorLoad, DTensorSave
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
@@ -18,18 +19,15 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         target=None,
     )
     with ctx.recording(obs):
-        source = ctx.group(
-            "source",
-            "dtensor_save",
-            sc.source_world_size,
-            {"checkpoint": ctx.candidate_id(plan.DTENSOR_LABEL)},
-        )
+        save: DTensorSave = {"checkpoint": ctx.candidate_id(plan.DTENSOR_LABEL)}
+        source = ctx.group("source", "dtensor_save", sc.source_world_size, save)
         obs["source"] = source.record()
         if not source.ok:
             return obs
         obs["commit"] = ctx.commit(plan.DTENSOR_LABEL)
         if not obs["commit"]["promoted"]:
             return obs
-        target = ctx.group("target", "dtensor_load", sc.target_world_size, {"store": STORE_ROOT})
+        load: DTensorLoad = {"store": STORE_ROOT}
+        target = ctx.group("target", "dtensor_load", sc.target_world_size, load)
         obs["target"] = ctx.target_record(target)
     return obs

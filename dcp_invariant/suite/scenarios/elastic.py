@@ -22,6 +22,7 @@ from dcp_invariant.commit import ReceiptMismatch, StoreError
 from dcp_invariant.suite import reaper, worker
 from dcp_invariant.suite.pool import WorkerPool, kill_process_tree, reap_group
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.payloads import Elastic
 from dcp_invariant.suite.torchrun import guard
 from dcp_invariant.suite.torchrun.elastic_rank import MARKER_FILE, attempt_group
 
@@ -107,7 +108,7 @@ def _torchrun(
 ) -> tuple[int, bool, list[str]]:
     """torchrun's exit code, whether it timed out, and what its ranks left running."""
     timeout = pool.timeout
-    payload = {
+    payload: Elastic = {
         "dying_rank": plan.DYING_RANK,
         "exit_code": plan.ELASTIC_EXIT_CODE,
         "fixture": fixture,

@@ -36,11 +36,12 @@ from dcp_invariant.suite.fixture import (
     checked_state,
     loss_value,
 )
+from dcp_invariant.suite.scenarios.payloads import FixtureProbe, FixtureResume, FixtureTrain
 from dcp_invariant.suite.scenarios.tasks import load_through_pointer
 from dcp_invariant.suite.worker import Report, loopback_gloo_options
 
 
-def fixture_probe(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Report) -> None:
     """Check the fixture's interface before any scenario runs: a problem here is bad input.
 
     Problems with the module or with what the fixture returns are reported as ``problem``: a
@@ -119,7 +120,7 @@ def _stop_if_not_finite(loss: float, step: str) -> None:
         _fail(f"{step} returned {loss!r}, expected a finite float loss")
 
 
-def fixture_train(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Report) -> None:
     """Take N steps, save through DCP, then take K more: the uninterrupted arm (or a source).
 
     With ``async_mode`` the save is ``dcp.async_save``, and step N+1 runs while its write is
@@ -178,29 +179,12 @@ class _GatedWriter(FileSystemWriter):  # type: ignore[misc]  # torch is Any to m
         return super().write_data(plan, planner)
 
 
-class _LazyStager:
-    """Stages nothing: the write reads the live tensors later. Only to prove the check fails."""
+def stager(mode: str) -> Any:
+    """The stager of an async save in ``mode``, looked up as the save starts.
 
-    should_synchronize_after_execute = False
-
-    def stage(self, state_dict: Any) -> Any:
-        return state_dict
-
-    def synchronize_staging(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-# A test hook, never set in a real run: the live tests prove with it that a save which reads
-# the tensors after the next step has moved them is caught.
-STAGER_ENV = "DCP_INVARIANT_TEST_STAGER"
-
-
-def _stager(mode: str) -> Any:
-    if os.environ.get(STAGER_ENV) == "lazy":
-        return _LazyStager()
+    Looked up by name so that a fixture of the live tests, built in a worker, can put one in
+    its place that stages nothing, and show that a write reading the tensors late is caught.
+    """
     if mode == "staged":
         # Pinned and shared memory need an accelerator; this is a CPU run.
         return DefaultStager(StagingOptions(False, False, True, False))
@@ -238,7 +222,7 @@ _CHECKPOINT_STORE: Any = None
 
 
 def _save_while_stepping(
-    spec: str, app: Any, payload: dict[str, Any], record: dict[str, Any], rank: int, mode: str
+    spec: str, app: Any, payload: FixtureTrain, record: dict[str, Any], rank: int, mode: str
 ) -> dict[str, Any]:
     """async_save, step N+1 while the write waits at the gate, then let it finish."""
     # Checkpoint collectives run in DCP's background thread: on the training group they could
@@ -250,7 +234,7 @@ def _save_while_stepping(
     gate = Path(f"{Path(payload['checkpoint']).name}.gate-rank{rank}")
     timeout = float(payload["timeout"])
     writer = _GatedWriter(payload["checkpoint"], gate, timeout)
-    stager = _stager(mode)
+    staging = stager(mode)
     kind = AsyncCheckpointerType.THREAD
     if mode == "process":
         if sys.platform != "win32":
@@ -269,7 +253,7 @@ def _save_while_stepping(
         storage_writer=writer,
         process_group=group,
         async_checkpointer_type=kind,
-        async_stager=stager,
+        async_stager=staging,
     )
     staged_first = isinstance(response, AsyncSaveResponse)
     if isinstance(response, AsyncSaveResponse):
@@ -290,17 +274,17 @@ def _save_while_stepping(
     except Exception as exc:  # recorded: a background save's failure must never be lost
         error = f"{type(exc).__name__}: {exc}"
     record["steps"].append({"keys": keys, "loss": loss})
-    if stager is not None:
-        stager.close()
+    if staging is not None:
+        staging.close()
     dist.destroy_process_group(group)
     return {"pending_during_step": pending, "staged_first": staged_first, "upload_error": error}
 
 
-def fixture_resume(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: Report) -> None:
     """Load through the pointer into a fresh app, compare with the reference, take K steps."""
     spec = payload["fixture"]
     app = build_app(spec, rank, world_size, payload["fixture_args"])
-    left_out = payload.get("rank_local", [])
+    left_out = payload["rank_local"]
     loadable = _WithoutComponents(app, left_out) if left_out else app
     record = load_through_pointer(payload["store"], {"app": loadable}, rank, record_load_error=True)
     record.update(loaded=None, steps=[], diffs=[])

@@ -11,6 +11,7 @@ from typing import Any
 
 from dcp_invariant import plan
 from dcp_invariant.suite.scenarios.common import ScenarioContext
+from dcp_invariant.suite.scenarios.payloads import Crash
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         load_attempted=False,
     )
     with ctx.recording(obs):
-        crash = {"rank": plan.DYING_RANK, "exit_code": plan.RANK_EXIT_CODE}
+        crash: Crash = {"rank": plan.DYING_RANK, "exit_code": plan.RANK_EXIT_CODE}
         source = ctx.train(
             obs, ctx.run_plan.baseline_then_candidate, reference_step=False, crash=crash
         )

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.payloads import FixtureResume, FixtureTrain
 
 SOURCE_SNAPSHOTS = "snapshots/source"
 
 
 def train_payload(
-    ctx: ScenarioContext, label: str, snapshots: str, steps_after: int
-) -> dict[str, Any]:
+    ctx: ScenarioContext, label: str, snapshots: str | None, steps_after: int
+) -> FixtureTrain:
     return {
         "checkpoint": ctx.candidate_id(label),
         "fixture": ctx.fixture,
@@ -34,24 +36,20 @@ def left_out(ctx: ScenarioContext) -> list[str]:
     return list(ctx.run_plan.rank_local) if sc.source_world_size != sc.target_world_size else []
 
 
-def resume_group(ctx: ScenarioContext, snapshots: str, *, compare_steps: bool) -> dict[str, Any]:
+def resume_group(ctx: ScenarioContext, snapshots: str, *, compare_steps: bool) -> GroupRecord:
     """Fresh ranks at the target world size load through the pointer and take K steps."""
     sc = ctx.scenario
-    target = ctx.group(
-        "target",
-        "fixture_tasks:fixture_resume",
-        sc.target_world_size,
-        {
-            "compare_steps": compare_steps,
-            "fixture": ctx.fixture,
-            "fixture_args": ctx.run_plan.arguments,
-            "rank_local": left_out(ctx),
-            "reference": snapshots,
-            "source_world_size": sc.source_world_size,
-            "steps_after": ctx.run_plan.steps_after,
-            "store": STORE_ROOT,
-        },
-    )
+    payload: FixtureResume = {
+        "compare_steps": compare_steps,
+        "fixture": ctx.fixture,
+        "fixture_args": ctx.run_plan.arguments,
+        "rank_local": left_out(ctx),
+        "reference": snapshots,
+        "source_world_size": sc.source_world_size,
+        "steps_after": ctx.run_plan.steps_after,
+        "store": STORE_ROOT,
+    }
+    target = ctx.group("target", "fixture_tasks:fixture_resume", sc.target_world_size, payload)
     return ctx.target_record(target)
 
 

@@ -13,9 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant.suite.scenarios.common import ScenarioContext
+from dcp_invariant.suite.scenarios.payloads import FixtureTrain
 from dcp_invariant.suite.scenarios.reshard import resume_group, train_payload
 
 REFERENCE_SNAPSHOTS = "snapshots/reference"
+
+
+def _arm(ctx: ScenarioContext, label: str, snapshots: str | None) -> FixtureTrain:
+    """An uninterrupted arm's payload: N steps, the save (async as the scenario says), K more."""
+    sc = ctx.scenario
+    payload = train_payload(ctx, label, snapshots, ctx.run_plan.steps_after)
+    if sc.async_mode:
+        payload["async_mode"] = sc.async_mode
+        payload["timeout"] = ctx.pool.timeout
+    return payload
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
@@ -33,15 +44,12 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     )
     del obs["source"]
     label = the_plan.baseline_label
-    saving: dict[str, Any] = (
-        {"async_mode": sc.async_mode, "timeout": ctx.pool.timeout} if sc.async_mode else {}
-    )
     with ctx.recording(obs):
         reference = ctx.group(
             "reference",
             "fixture_tasks:fixture_train",
             sc.source_world_size,
-            {**train_payload(ctx, label, REFERENCE_SNAPSHOTS, the_plan.steps_after), **saving},
+            _arm(ctx, label, REFERENCE_SNAPSHOTS),
         )
         obs["reference"] = reference.record()
         if not reference.ok:
@@ -50,13 +58,9 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
             "repeat",
             "fixture_tasks:fixture_train",
             sc.source_world_size,
-            {
-                **train_payload(ctx, f"repeat-{label}", "snapshots/repeat", the_plan.steps_after),
-                **saving,
-                # Only its records are compared (diagnosis.nondeterminism), never its values:
-                # writing them would double what the run writes besides the checkpoints.
-                "snapshots": None,
-            },
+            # Only its records are compared (diagnosis.nondeterminism), never its values:
+            # writing them would double what the run writes besides the checkpoints.
+            _arm(ctx, f"repeat-{label}", None),
         )
         obs["repeat"] = repeat.record()
         if not repeat.ok:

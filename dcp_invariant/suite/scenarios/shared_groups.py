@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 from dcp_invariant import canonical
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
@@ -39,7 +39,7 @@ class SharedGroups:
         world_size: int,
         workdir: Path,
         name: str,
-        payload: dict[str, Any],
+        payload: Mapping[str, object],
     ) -> GroupOutcome:
         """The group's outcome, running it only if no scenario has; its store copied to ``workdir``.
 

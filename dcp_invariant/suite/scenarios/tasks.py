@@ -26,6 +26,13 @@ from dcp_invariant.commit import ReceiptMismatch
 from dcp_invariant.commit.store import CheckpointStore
 from dcp_invariant.suite.digest import component_digests, value_digest
 from dcp_invariant.suite.fixture import build_app
+from dcp_invariant.suite.scenarios.payloads import (
+    DTensorLoad,
+    DTensorSave,
+    LoadAndStep,
+    RuntimeVersions,
+    TrainAndSave,
+)
 from dcp_invariant.suite.worker import Report, imported_versions
 
 DTENSOR_DTYPE = getattr(torch, plan.DTENSOR.dtype.removeprefix("torch."))
@@ -49,13 +56,13 @@ class _CrashingWriter(FileSystemWriter):  # type: ignore[misc]  # torch is Any t
         return future
 
 
-def runtime_versions(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def runtime_versions(rank: int, world_size: int, payload: RuntimeVersions, report: Report) -> None:
     report(imported_versions())
 
 
-def train_and_save(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Report) -> None:
     """Train, save at each planned step, then (optionally) take the uninterrupted next step."""
-    app = build_app(payload["fixture"], rank, world_size, payload.get("fixture_args"))
+    app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
     record: dict[str, Any] = {"rank": rank, "saves": [], "next": None}
     steps = 0
     for save in payload["saves"]:
@@ -75,9 +82,9 @@ def train_and_save(rank: int, world_size: int, payload: dict[str, Any], report: 
         report(record)
 
 
-def load_and_step(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def load_and_step(rank: int, world_size: int, payload: LoadAndStep, report: Report) -> None:
     """Load through the pointer into a fresh app; record what loaded and the next step."""
-    app = build_app(payload["fixture"], rank, world_size, payload.get("fixture_args"))
+    app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
     record = load_through_pointer(payload["store"], {"app": app}, rank)
     record["loaded"] = None
     record["next"] = None
@@ -87,7 +94,7 @@ def load_and_step(rank: int, world_size: int, payload: dict[str, Any], report: R
     report({**record, **payload.get("extra", {})})
 
 
-def dtensor_save(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def dtensor_save(rank: int, world_size: int, payload: DTensorSave, report: Report) -> None:
     mesh = init_device_mesh("cpu", (world_size,))
     global_tensor = (
         torch.arange(DTENSOR_SHAPE[0] * DTENSOR_SHAPE[1], dtype=DTENSOR_DTYPE).reshape(
@@ -107,7 +114,7 @@ def dtensor_save(rank: int, world_size: int, payload: dict[str, Any], report: Re
     )
 
 
-def dtensor_load(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def dtensor_load(rank: int, world_size: int, payload: DTensorLoad, report: Report) -> None:
     mesh = init_device_mesh("cpu", (world_size,))
     tensor = distribute_tensor(
         torch.zeros(DTENSOR_SHAPE, dtype=DTENSOR_DTYPE), mesh, DTENSOR_PLACEMENTS

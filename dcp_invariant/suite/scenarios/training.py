@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.payloads import LoadAndStep
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
@@ -15,11 +16,11 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     with ctx.recording(obs):
         if not ctx.commit_baseline(obs):
             return obs
-        target = ctx.group(
-            "target",
-            "load_and_step",
-            sc.target_world_size,
-            {"fixture": ctx.fixture, "fixture_args": ctx.run_plan.arguments, "store": STORE_ROOT},
-        )
+        payload: LoadAndStep = {
+            "fixture": ctx.fixture,
+            "fixture_args": ctx.run_plan.arguments,
+            "store": STORE_ROOT,
+        }
+        target = ctx.group("target", "load_and_step", sc.target_world_size, payload)
         obs["target"] = ctx.target_record(target)
     return obs

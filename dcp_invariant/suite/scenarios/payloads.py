@@ -1,0 +1,101 @@
+"""What a driver sends each worker task: one TypedDict a task.
+
+Drivers (which never import torch) build these, and the tasks in :mod:`.tasks` and
+:mod:`.fixture_tasks` annotate their payload with them, so mypy holds the keys a driver sends to
+the keys its task reads. A payload crosses into the worker as it is built (pickled, or as JSON
+for torchrun's ranks), so every value is plain data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+from dcp_invariant import plan
+
+# The fixture's keyword arguments (``--fixture-arg``), sorted by name; values are JSON.
+FixtureArgs = dict[str, Any]
+
+
+class RuntimeVersions(TypedDict):
+    """The probe of torch's and NumPy's versions needs nothing."""
+
+
+class Crash(TypedDict):
+    """The rank that dies in the middle of a save, after writing its shard, and its exit code."""
+
+    rank: int
+    exit_code: int
+
+
+class PlannedSave(TypedDict):
+    after_steps: int
+    checkpoint: str  # the candidate's id, relative to the scenario's workspace
+    crash: NotRequired[Crash]
+
+
+class TrainAndSave(TypedDict):
+    fixture: str
+    fixture_args: FixtureArgs
+    saves: list[PlannedSave]
+    reference_step: bool  # take the uninterrupted next step after the last save
+
+
+class LoadAndStep(TypedDict):
+    fixture: str
+    fixture_args: FixtureArgs
+    store: str
+    # What torchrun's restarted ranks add to their report: the restart as they saw it.
+    extra: NotRequired[dict[str, Any]]
+
+
+class DTensorSave(TypedDict):
+    checkpoint: str
+
+
+class DTensorLoad(TypedDict):
+    store: str
+
+
+class FixtureProbe(TypedDict):
+    fixture: str
+    fixture_args: FixtureArgs
+    rank_local: list[str]
+
+
+class FixtureTrain(TypedDict):
+    checkpoint: str
+    fixture: str
+    fixture_args: FixtureArgs
+    snapshots: str | None  # None: no later group reads this arm's values
+    steps_after: int
+    steps_before: int
+    # An async_resume arm's save: dcp.async_save in this mode, each wait bounded by ``timeout``.
+    async_mode: NotRequired[plan.AsyncMode]
+    timeout: NotRequired[float]
+
+
+class FixtureResume(TypedDict):
+    compare_steps: bool
+    fixture: str
+    fixture_args: FixtureArgs
+    rank_local: list[str]  # components left out of the load: each rank keeps its own
+    reference: str  # the snapshots of the arm whose save is loaded
+    source_world_size: int
+    steps_after: int
+    store: str
+
+
+class Elastic(TypedDict):
+    """The elastic scenario's job, written as JSON for torchrun's ranks
+    (:mod:`dcp_invariant.suite.torchrun.elastic_rank`)."""
+
+    dying_rank: int
+    exit_code: int
+    fixture: str
+    fixture_args: FixtureArgs
+    store: str
+    timeout: float
+
+
+# What a driver's group may be sent (:meth:`.common.ScenarioContext.group`).
+Payload = TrainAndSave | LoadAndStep | DTensorSave | DTensorLoad | FixtureTrain | FixtureResume
