@@ -452,6 +452,8 @@ class Runner:
     repository: Path
     root: Path
     environment: Mapping[str, str] = field(default_factory=dict)  # the network, for every job
+    ref: str = "refs/heads/main"  # what triggered the run: a push to main, or a tag
+    workflow: str = "ci"
     uploads: Uploads = field(init=False)
     _count: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -497,11 +499,12 @@ class Runner:
                 "GITHUB_ACTIONS": "true",
                 "GITHUB_JOB": job.key,
                 "GITHUB_REPOSITORY": REPOSITORY,
-                "GITHUB_REF": "refs/heads/main",
+                "GITHUB_REF": self.ref,
+                "GITHUB_REF_NAME": self.ref.rsplit("/", 1)[-1],
                 "GITHUB_RUN_ATTEMPT": "1",
                 "GITHUB_RUN_ID": "1",
                 "GITHUB_SHA": SHA,
-                "GITHUB_WORKFLOW": "ci",
+                "GITHUB_WORKFLOW": self.workflow,
                 "GITHUB_WORKSPACE": str(workspace),
                 "ImageOS": "ubuntu24",
                 "RUNNER_ARCH": "X64",
@@ -516,8 +519,9 @@ class Runner:
             "runner": {"os": job.os_name, "arch": "X64", "temp": str(temp)},
             "github": {
                 "sha": SHA,
-                "workflow": "ci",
-                "ref": "refs/heads/main",
+                "workflow": self.workflow,
+                "ref": self.ref,
+                "ref_name": self.ref.rsplit("/", 1)[-1],
                 "workspace": str(workspace),
                 "repository": REPOSITORY,
                 "job": job.key,

@@ -7,6 +7,7 @@ installed: the CLI and the verifier must work there with the standard library al
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -178,3 +179,169 @@ def test_the_installed_wheel_runs_without_torch_outside_the_tree(
     assert refused.returncode == 2
     assert "torch is not installed" in refused.stderr
     assert not (venv.parent / "evidence").exists()
+
+
+# --- the wheel with its runtime: what a release promises -----------------------------------
+
+EXAMPLES = ROOT / "examples"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+RUN_TIMEOUT = 900
+# pypa/gh-action-pypi-publish v1.8.14 (the release workflow's pin) uploads with these, from its
+# requirements/runtime.txt at that tag: pkginfo 1.10 reads Metadata-Version up to 2.3 only.
+PUBLISHER_TOOLS = ("twine==5.0.0", "pkginfo==1.10.0")
+RELEASE_TOOLS = ("twine==7.0.0", "check-wheel-contents==0.6.3")
+
+
+def _tool_venv(home: Path, *requirements: str) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=300)
+    subprocess.run(
+        [str(_venv_python(home)), "-m", "pip", "install", "--quiet", *requirements],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return home
+
+
+@pytest.mark.parametrize("tools", [PUBLISHER_TOOLS, RELEASE_TOOLS], ids=["publisher", "release"])
+def test_the_release_tools_accept_the_dist(
+    dist: Path, tmp_path: Path, tools: tuple[str, ...]
+) -> None:
+    env = _tool_venv(tmp_path / "tools", *tools)
+    files = sorted(str(p) for p in dist.iterdir())
+    checked = _in_venv(env, str(_venv_python(env)), "-m", "twine", "check", "--strict", *files)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    if any(t.startswith("check-wheel-contents") for t in tools):
+        wheels = [f for f in files if f.endswith(".whl")]
+        contents = _in_venv(env, "check-wheel-contents", *wheels)
+        assert contents.returncode == 0, contents.stdout + contents.stderr
+
+
+@pytest.fixture(scope="module")
+def runtime_venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel, torch's CPU build and numpy, as `pip install dcp-invariant`
+    with torch's CPU build beside it gives a user, and pytest for the plugin."""
+    import shutil
+
+    import local_torch_index
+
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH (the package job installs it)")
+    home = tmp_path_factory.mktemp("runtime")
+    subprocess.run([sys.executable, "-m", "venv", str(home / "env")], check=True, timeout=300)
+    env = home / "env"
+    [wheel] = dist.glob("*.whl")
+    runtime = _runtime_pins()
+    command = [uv, "pip", "install", "--python", str(_venv_python(env)), "--no-config"]
+    command += [str(wheel), *runtime, "pytest==9.0.3"]
+    if sys.platform != "darwin":
+        command += ["--torch-backend", "cpu"]
+    variables = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    variables["UV_CACHE_DIR"] = str(home / "uv-cache")
+    with contextlib.ExitStack() as stack:
+        # This machine's own CPU wheels stand in for PyTorch's index where it holds them.
+        if local_torch_index.local_wheels():
+            served = stack.enter_context(local_torch_index.serve(home / "index"))
+            variables.update(served.environment())
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=variables, check=False
+        )
+    assert done.returncode == 0, done.stderr
+    return env
+
+
+def _runtime_pins() -> list[str]:
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return list(pyproject["project"]["optional-dependencies"]["runtime"])
+
+
+def _user_project(home: Path) -> Path:
+    project = home / "project"
+    (project / "examples").mkdir(parents=True)
+    for example in ("mlp_fixture.py", "buggy_mlp_fixture.py"):
+        (project / "examples" / example).write_bytes((EXAMPLES / example).read_bytes())
+    return project
+
+
+def _in_project(env: Path, project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    scripts = env / ("Scripts" if os.name == "nt" else "bin")
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    clean.update(PATH=os.pathsep.join([str(scripts), clean.get("PATH", "")]), GITHUB_SHA=REVISION)
+    return subprocess.run(
+        list(args), capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=project, env=clean,
+        check=False,
+    )  # fmt: skip
+
+
+def test_the_installed_wheel_runs_and_verifies_a_users_fixture(
+    runtime_venv: Path, tmp_path: Path
+) -> None:
+    if not EXAMPLES.is_dir():
+        pytest.skip("examples/ is not here")
+    project = _user_project(tmp_path)
+    ran = _in_project(
+        runtime_venv, project, "dcp-invariant", "run", "--fixture",
+        "examples.mlp_fixture:fixture", "--world-sizes", "1", "--output-dir", "evidence",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "pass: " in ran.stdout
+    verified = _in_project(runtime_venv, project, "dcp-invariant", "verify", "evidence")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+_PLUGIN_TESTS = """
+def test_resume(dcp_invariant):
+    assert dcp_invariant.check("examples.mlp_fixture:fixture", world_sizes=[1]).passed
+
+
+def test_resume_of_the_buggy_copy(dcp_invariant):
+    dcp_invariant.check("examples.buggy_mlp_fixture:fixture", world_sizes=[1])
+"""
+
+
+def test_the_installed_wheels_pytest_plugin_fails_the_buggy_loop(
+    runtime_venv: Path, tmp_path: Path
+) -> None:
+    if not EXAMPLES.is_dir():
+        pytest.skip("examples/ is not here")
+    project = _user_project(tmp_path)
+    (project / "test_resume.py").write_text(_PLUGIN_TESTS, encoding="utf-8")
+    python = str(_venv_python(runtime_venv))
+    done = _in_project(runtime_venv, project, python, "-m", "pytest", "-p", "no:cacheprovider")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed, 1 passed" in done.stdout, done.stdout
+    assert "AssertionError: dcp-invariant: fail: " in done.stdout, done.stdout
+
+
+def test_uvx_runs_the_wheel_with_torchs_cpu_build(dist: Path, tmp_path: Path) -> None:
+    """The README's uvx line, with the built wheel standing in for PyPI (--find-links)."""
+    import shutil
+
+    import local_torch_index
+
+    uv = shutil.which("uv")
+    if uv is None or not EXAMPLES.is_dir():
+        pytest.skip("needs uv on PATH and examples/")
+    project = _user_project(tmp_path)
+    variables = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    variables.update(UV_CACHE_DIR=str(tmp_path / "uv-cache"), GITHUB_SHA=REVISION)
+    variables["UV_TOOL_DIR"] = str(tmp_path / "tools")
+    command = [uv, "tool", "run", "--no-config", "--find-links", str(dist)]
+    if sys.platform != "darwin":
+        command += ["--torch-backend", "cpu"]
+    command += ["--from", f"dcp-invariant[runtime]=={VERSION}", "dcp-invariant"]
+    command += ["run", "--fixture", "examples.mlp_fixture:fixture", "--world-sizes", "1"]
+    command += ["--output-dir", "evidence"]
+    with contextlib.ExitStack() as stack:
+        if local_torch_index.local_wheels():
+            served = stack.enter_context(local_torch_index.serve(tmp_path / "index"))
+            variables.update(served.environment())
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=project,
+            env=variables, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (project / "evidence" / schema.MANIFEST_FILE).is_file()

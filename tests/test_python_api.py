@@ -10,7 +10,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import fixture_loops
 import pytest
 
 import dcp_invariant
@@ -31,7 +30,6 @@ def wrapped(rank: int, world_size: int) -> None:
 
 def test_a_module_level_callable_is_named_for_the_workers() -> None:
     assert python_api.fixture_spec(module_level) == f"{__name__}:module_level"
-    assert python_api.fixture_spec(fixture_loops.correct) == "fixture_loops:correct"
     assert python_api.fixture_spec("pkg.mod:make_app") == "pkg.mod:make_app"
 
 
@@ -89,7 +87,7 @@ def test_bad_input_raises_before_anything_is_written(
     before = sorted(os.listdir(os.environ["TMPDIR"]))
     with pytest.raises(BadInput, match=says) as caught:
         dcp_invariant.check(
-            fixture_loops.correct, output_dir=output, **{"source_revision": REVISION, **options}
+            module_level, output_dir=output, **{"source_revision": REVISION, **options}
         )
     assert "\n" not in str(caught.value)
     assert not output.exists()
@@ -99,7 +97,7 @@ def test_bad_input_raises_before_anything_is_written(
 def test_a_non_empty_output_directory_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("mine", encoding="utf-8")
     with pytest.raises(BadInput, match="not an empty directory"):
-        dcp_invariant.check(fixture_loops.correct, output_dir=tmp_path, source_revision=REVISION)
+        dcp_invariant.check(module_level, output_dir=tmp_path, source_revision=REVISION)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
 
 

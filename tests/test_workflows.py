@@ -28,6 +28,7 @@ from dcp_invariant import runtimes
 REPO = Path(__file__).resolve().parents[1]
 ACTION = REPO / "action.yml"
 CI = REPO / ".github" / "workflows" / "ci.yml"
+RELEASE = REPO / ".github" / "workflows" / "release.yml"
 README = REPO / "README.md"
 EXAMPLE_FIXTURE = REPO / "examples" / "mlp_fixture.py"
 BUGGY_FIXTURE = REPO / "examples" / "buggy_mlp_fixture.py"
@@ -35,11 +36,15 @@ ZIZMOR_CONFIG = REPO / ".github" / "zizmor.yml"
 TOOL_TIMEOUT = 180
 
 # The commit each release tag points at, in the actions' own repositories (github.com/actions/
-# upload-artifact, setup-python and checkout, tags v7.0.1, v7.0.0 and v7.0.1).
+# upload-artifact, setup-python and checkout, tags v7.0.1, v7.0.0 and v7.0.1; download-artifact
+# v8.0.1 and attest-build-provenance v4.1.0; github.com/pypa/gh-action-pypi-publish v1.8.14).
 PINNED = {
     ("actions/upload-artifact", "v7.0.1"): "043fb46d1a93c77aae656e7c1c64a875d1fc6a0a",
     ("actions/setup-python", "v7.0.0"): "5fda3b95a4ea91299a34e894583c3862153e4b97",
     ("actions/checkout", "v7.0.1"): "3d3c42e5aac5ba805825da76410c181273ba90b1",
+    ("actions/download-artifact", "v8.0.1"): "3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c",
+    ("actions/attest-build-provenance", "v4.1.0"): "a2bbfa25375fe432b6a289bc6b6cd05ecd0c4c32",
+    ("pypa/gh-action-pypi-publish", "v1.8.14"): "81e9d935c883d0b210363ab89cf05f3894778450",
 }
 # Thirteen jobs: quality on two OSes and every supported Python, integration on every OS the
 # README names and two Pythons, one package-boundary job.
@@ -119,8 +124,12 @@ def tool(name: str) -> str | None:
 
 @pytest.mark.parametrize(
     ("schema", "path"),
-    [("vendor.github-actions", ACTION), ("vendor.github-workflows", CI)],
-    ids=["action.yml", "ci.yml"],
+    [
+        ("vendor.github-actions", ACTION),
+        ("vendor.github-workflows", CI),
+        ("vendor.github-workflows", RELEASE),
+    ],
+    ids=["action.yml", "ci.yml", "release.yml"],
 )
 def test_files_match_githubs_schema(schema: str, path: Path) -> None:
     if importlib.util.find_spec("check_jsonschema") is None:
@@ -284,7 +293,7 @@ PINNED_USES = re.compile(r"^[0-9a-f]{40}$")
 VERSION_COMMENT = re.compile(r"^\s+#\s*(?P<version>v\d+\.\d+\.\d+)\s*$")
 
 
-@pytest.mark.parametrize("path", [CI, ACTION], ids=["ci.yml", "action.yml"])
+@pytest.mark.parametrize("path", [CI, RELEASE, ACTION], ids=["ci.yml", "release.yml", "action.yml"])
 def test_remote_actions_are_pinned_to_the_known_release_commits(path: Path) -> None:
     parsed = load_yaml(path)
     steps = action_steps(parsed) if path == ACTION else ci_steps(parsed)
@@ -309,6 +318,56 @@ def test_remote_actions_are_pinned_to_the_known_release_commits(path: Path) -> N
 
     # The line scan must have seen every `uses:` the YAML parser found (no flow-style escapees).
     assert sorted(seen) == remote
+
+
+# --- release.yml ---------------------------------------------------------------------------
+
+
+def test_release_runs_on_version_tags_with_the_least_permissions() -> None:
+    release = load_yaml(RELEASE)
+    jobs = release["jobs"]
+
+    # YAML 1.1 reads the key `on` as true.
+    assert release.get(True, release.get("on")) == {"push": {"tags": ["v*"]}}
+    assert release["permissions"] == {}
+    # The OIDC token only where PyPI and the attestation need it; write access to the repository
+    # only where the GitHub release is made.
+    assert {name: job["permissions"] for name, job in jobs.items()} == {
+        "build": {"contents": "read"},
+        "publish": {"id-token": "write", "attestations": "write"},
+        "github-release": {"contents": "write"},
+    }
+    assert jobs["publish"]["needs"] == "build" and jobs["github-release"]["needs"] == "publish"
+    assert jobs["publish"]["environment"]["name"] == "pypi"
+    assert all("timeout-minutes" in job for job in jobs.values())
+
+
+def test_release_checks_attests_publishes_and_attaches_the_same_files() -> None:
+    jobs = load_yaml(RELEASE)["jobs"]
+    build = "\n".join(s.get("run", "") for s in jobs["build"]["steps"])
+    publish = [s.get("uses", "").split("@")[0] for s in jobs["publish"]["steps"]]
+    uploads = {
+        s["with"]["name"]: s["with"]["path"]
+        for s in jobs["build"]["steps"]
+        if s.get("uses", "").startswith("actions/upload-artifact@")
+    }
+
+    for command in (
+        "python -m build --sdist --wheel",
+        "twine check --strict",
+        "check-wheel-contents",
+    ):
+        assert command in build
+    assert "pytest -m package" in build
+    assert publish == [
+        "actions/download-artifact",
+        "actions/attest-build-provenance",
+        "pypa/gh-action-pypi-publish",
+    ]
+    # SHA256SUMS travels apart from dist/: the publisher uploads every file in dist/.
+    assert uploads == {"dist": "dist/", "sums": "sums/SHA256SUMS"}
+    attach = jobs["github-release"]["steps"][-1]["run"]
+    assert "sha256sum --check" in attach and "dist/* sums/SHA256SUMS" in attach
 
 
 def test_integration_self_tests_the_action_and_its_failure_path(ci: dict[str, Any]) -> None:
