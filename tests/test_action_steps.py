@@ -287,7 +287,13 @@ def run_action(
     write_shim(shim_dir / "python", "caller")
     setup_python = root / "toolcache" / "python"
     write_shim(setup_python, "setup-python")
-    stand_in_outputs = {"actions/setup-python": {"python-path": setup_python.as_posix()}}
+    stand_in_outputs = {
+        "actions/setup-python": {"python-path": setup_python.as_posix()},
+        "actions/attest-build-provenance": {
+            "attestation-id": ATTESTATION_ID,
+            "attestation-url": ATTESTATION_URL,
+        },
+    }
 
     env = {
         k: v
@@ -466,6 +472,8 @@ def test_passing_artifact(tmp_path: Path, data_artifact: Path) -> None:
         "manifest-sha256": hashlib.sha256(manifest).hexdigest(),
         "evidence-dir": str(evidence.resolve()),
         "python-path": run.outputs["python-path"],
+        "attestation-id": "",  # not asked for
+        "attestation-url": "",
     }
     assert native(run.outputs["python-path"]) == python
     assert Path(run.outputs["evidence-dir"]).is_absolute()
@@ -637,6 +645,50 @@ def test_the_callers_environment_gets_dcp_invariant_alone_and_runs_the_check(
     ran = [(c.role, c.args[2]) for c in run.calls if c.args[:2] == ["-m", "dcp_invariant"]]
     assert ran == [("caller", "run"), ("caller", "github-report"), ("caller", "verify")]
     assert run.outputs["verdict"] == "pass"
+
+
+ATTESTATION_ID = "42"
+ATTESTATION_URL = "https://github.com/tiramitree/dcp-invariant/attestations/42"
+
+
+def test_the_evidence_is_not_attested_unless_asked_for(tmp_path: Path, data_artifact: Path) -> None:
+    run = run_action(tmp_path, suite_artifact=data_artifact)
+
+    assert run.using("actions/attest-build-provenance").outcome == "skipped"
+    assert (run.outputs["attestation-id"], run.outputs["attestation-url"]) == ("", "")
+    assert run.outputs["verdict"] == "pass"
+
+
+def test_attest_true_attests_the_manifest_before_the_gate(
+    tmp_path: Path, data_artifact: Path
+) -> None:
+    inputs = {"attest": "true", "output-dir": "evidence"}
+    run = run_action(tmp_path, inputs=inputs, suite_artifact=data_artifact)
+    attest = run.using("actions/attest-build-provenance")
+
+    assert attest.outcome == "success"
+    # The manifest hashes every file of the artifact: attesting it attests them all.
+    assert attest.with_ == {"subject-path": "evidence/manifest.sha256"}
+    assert (run.workspace / "evidence" / "manifest.sha256").is_file()
+    assert attest.index < run.gate.index
+    assert run.outputs["attestation-id"] == ATTESTATION_ID
+    assert run.outputs["attestation-url"] == ATTESTATION_URL
+
+
+def test_no_evidence_no_attestation(tmp_path: Path) -> None:
+    run = run_action(tmp_path, inputs={"attest": "true"}, suite_exit=2)
+
+    assert run.using("actions/attest-build-provenance").outcome == "skipped"
+
+
+def test_an_unknown_attest_value_stops_before_anything_is_installed(tmp_path: Path) -> None:
+    run = run_action(tmp_path, inputs={"attest": "yes"})
+
+    failed = [s for s in run.steps if s.outcome == "failure"]
+    assert [s.step.get("id") for s in failed] == ["venv"]
+    assert "attest 'yes' is neither 'true' nor 'false'" in failed[0].stderr
+    assert run.installs("pip") == [] and run.installs("uv", "pip") == []
+    assert run.suite_log == []
 
 
 def test_an_unknown_environment_stops_before_anything_is_installed(tmp_path: Path) -> None:

@@ -73,10 +73,19 @@ ACTION_INPUTS = {
     "world-sizes",
     "steps-before",
     "steps-after",
+    "attest",
 }
 # Passed to `dcp_invariant run` only when non-empty, as flags of the same name.
 FIXTURE_INPUTS = ("fixture", "world-sizes", "steps-before", "steps-after")
-ACTION_OUTPUTS = {"verdict", "passed", "failed", "manifest-sha256", "evidence-dir"}
+ACTION_OUTPUTS = {
+    "verdict",
+    "passed",
+    "failed",
+    "manifest-sha256",
+    "evidence-dir",
+    "attestation-id",
+    "attestation-url",
+}
 
 
 def load_yaml(path: Path) -> Any:
