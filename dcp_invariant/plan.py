@@ -185,7 +185,13 @@ COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 RESERVED_ARGUMENTS = ("rank", "world_size")
 MAX_FIXTURE_ARGS = 32
 MAX_FIXTURE_ARGS_BYTES = 4096
-PlanKind = Literal["registered", "fixture"]
+# "in_job": the user's own torchrun job runs the checks at its world size, across nodes
+# (dcp_invariant/suite/torchrun/in_job.py).
+PlanKind = Literal["registered", "fixture", "in_job"]
+Backend = Literal["gloo", "nccl"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+# A torchrun job's world size: nodes times processes per node. Far beyond any one host's 8.
+MAX_IN_JOB_WORLD_SIZE = 65536
 
 
 class PlanError(BadInput, ValueError):
@@ -207,6 +213,8 @@ class Plan:
     fixture_args: tuple[tuple[str, Any], ...] = field(default=(), hash=False)
     # Components declared per rank: resharding leaves them out (resumes still check them).
     rank_local: tuple[str, ...] = ()
+    # An in-job plan: how torchrun launched the job the checks ran in.
+    launch: Launch | None = None
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -242,7 +250,9 @@ class Plan:
 
     def to_record(self) -> dict[str, Any]:
         """What provenance records of a fixture run; :func:`plan_from_record` reads it back."""
+        launch = {} if self.launch is None else {"launch": self.launch.to_record()}
         return {
+            **launch,
             "fixture": self.fixture,
             "fixture_args": self.arguments,
             "kind": self.kind,
@@ -254,7 +264,79 @@ class Plan:
         }
 
 
+@dataclass(frozen=True)
+class Launch:
+    """The torchrun job an in-job run happened in: no host names, addresses or ports."""
+
+    nodes: int
+    nproc_per_node: int
+    backend: Backend
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "nodes": self.nodes,
+            "nproc_per_node": self.nproc_per_node,
+        }
+
+
 REGISTERED = Plan("registered", REGISTERED_FIXTURE, (1, 2), STEPS_BEFORE_SAVE, 1, SCENARIOS)
+
+
+def in_job_plan(
+    fixture: str,
+    launch: Launch,
+    steps_before: int = DEFAULT_STEPS_BEFORE,
+    steps_after: int = DEFAULT_STEPS_AFTER,
+    fixture_args: Mapping[str, Any] | None = None,
+) -> Plan:
+    """The checks a torchrun job runs on itself at its own world size W: resume_W (dcp.save)
+    and async_resume_W (dcp.async_save, thread mode), each across torchrun's restart of every
+    worker on every node."""
+    if not isinstance(fixture, str) or not FIXTURE_SPEC.fullmatch(fixture):
+        raise PlanError(
+            f"fixture {fixture!r} is not MODULE:CALLABLE (e.g. my_trainer.checks:make_app)"
+        )
+    if (
+        not _positive_int(launch.nodes)
+        or not _positive_int(launch.nproc_per_node)
+        or launch.world_size > MAX_IN_JOB_WORLD_SIZE
+    ):
+        raise PlanError(
+            f"{launch.nodes} node(s) of {launch.nproc_per_node} process(es): give positive "
+            f"integers, at most {MAX_IN_JOB_WORLD_SIZE} processes in all"
+        )
+    if launch.backend not in BACKENDS:
+        raise PlanError(f"backend {launch.backend!r}: give one of {list(BACKENDS)}")
+    for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
+        if not _positive_int(steps) or steps > MAX_STEPS:
+            raise PlanError(f"{what}: {steps!r}, expected an integer from 1 to {MAX_STEPS}")
+    w, n = launch.world_size, steps_before
+    scenarios = (
+        Scenario(
+            f"resume_{w}",
+            "resume",
+            w,
+            w,
+            f"in the torchrun job: {n}+{steps_after} steps on {w} ranks, twice; every worker "
+            f"restarted loads step {n} and matches the last {steps_after}",
+        ),
+        Scenario(
+            f"async_resume_{w}",
+            "async_resume",
+            w,
+            w,
+            f"in the torchrun job: dcp.async_save at step {n} while step {n + 1} runs; the "
+            f"restarted workers load step {n}",
+            async_mode="thread",
+        ),
+    )
+    arguments = _fixture_args({} if fixture_args is None else fixture_args)
+    return Plan("in_job", fixture, (w,), n, steps_after, scenarios, arguments, (), launch)
 
 
 def fixture_plan(
@@ -399,6 +481,8 @@ def _rank_local(given: Sequence[str]) -> tuple[str, ...]:
 
 def plan_from_record(record: Any) -> Plan:
     """Read a recorded fixture plan back, holding it to the grammar and its own scenario list."""
+    if isinstance(record, dict) and record.get("kind") == "in_job":
+        return _in_job_plan_from_record(record)
     keys = {
         "fixture",
         "fixture_args",
@@ -434,6 +518,44 @@ def plan_from_record(record: Any) -> Plan:
             f"plan: scenarios {record['scenarios']!r} are not the ones its parameters give, "
             f"{list(derived.names)}"
         )
+    return derived
+
+
+def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
+    keys = {
+        "fixture",
+        "fixture_args",
+        "kind",
+        "launch",
+        "rank_local",
+        "scenarios",
+        "steps_after",
+        "steps_before",
+        "world_sizes",
+    }
+    if set(record) != keys:
+        raise PlanError(f"plan: expected exactly the keys {sorted(keys)}")
+    launch = record["launch"]
+    if not isinstance(launch, dict) or set(launch) != {"backend", "nodes", "nproc_per_node"}:
+        raise PlanError("plan: launch must hold exactly backend, nodes and nproc_per_node")
+    if not isinstance(record["fixture_args"], dict):
+        raise PlanError("plan: fixture_args must be an object")
+    derived = in_job_plan(
+        record["fixture"],
+        Launch(launch["nodes"], launch["nproc_per_node"], launch["backend"]),
+        record["steps_before"],
+        record["steps_after"],
+        record["fixture_args"],
+    )
+    for key, value in (
+        ("scenarios", list(derived.names)),
+        ("world_sizes", list(derived.world_sizes)),
+        ("rank_local", []),
+    ):
+        if record[key] != value:
+            raise PlanError(
+                f"plan: {key} {record[key]!r} are not the ones its launch gives, {value!r}"
+            )
     return derived
 
 

@@ -45,26 +45,45 @@ _FIELDS: dict[str, checks.Check] = {
 SHAPE = checks.record(**_FIELDS, schema_version=checks.one_of(schema.SCHEMA_VERSION))
 # A fixture run also records its plan; plan.plan_from_record holds it to the grammar once
 # these types hold (it compares and sorts what it is given).
-_PLAN = checks.record(
-    fixture=checks.string,
-    fixture_args=checks.json_object,
-    kind=checks.string,
-    rank_local=checks.list_of(checks.string, 64),
-    scenarios=checks.list_of(checks.string, 256),
-    steps_after=checks.integer(),
-    steps_before=checks.integer(),
-    world_sizes=checks.list_of(checks.integer(), 16),
-)
+_PLAN_FIELDS: dict[str, checks.Check] = {
+    "fixture": checks.string,
+    "fixture_args": checks.json_object,
+    "kind": checks.string,
+    "rank_local": checks.list_of(checks.string, 64),
+    "scenarios": checks.list_of(checks.string, 256),
+    "steps_after": checks.integer(),
+    "steps_before": checks.integer(),
+    "world_sizes": checks.list_of(checks.integer(), 16),
+}
+_PLAN = checks.record(**_PLAN_FIELDS)
 FIXTURE_SHAPE = checks.record(
     **_FIELDS,
     plan=_PLAN,
     schema_version=checks.one_of(schema.FIXTURE_SCHEMA_VERSION),
 )
+# A run inside the user's torchrun job also records how it was launched.
+IN_JOB_SHAPE = checks.record(
+    **_FIELDS,
+    plan=checks.record(
+        **_PLAN_FIELDS,
+        launch=checks.record(
+            backend=checks.one_of(*plan.BACKENDS),
+            nodes=checks.integer(1),
+            nproc_per_node=checks.integer(1),
+        ),
+    ),
+    schema_version=checks.one_of(schema.IN_JOB_SCHEMA_VERSION),
+)
+SHAPES = {
+    schema.SCHEMA_VERSION: SHAPE,
+    schema.FIXTURE_SCHEMA_VERSION: FIXTURE_SHAPE,
+    schema.IN_JOB_SCHEMA_VERSION: IN_JOB_SHAPE,
+}
 
 
 def shape_problems(record: dict[str, Any]) -> list[str]:
-    fixture = record.get("schema_version") == schema.FIXTURE_SCHEMA_VERSION
-    problems = (FIXTURE_SHAPE if fixture else SHAPE)(record, schema.PROVENANCE_FILE)
+    shape = SHAPES.get(record.get("schema_version"), SHAPE)  # type: ignore[arg-type]
+    problems = shape(record, schema.PROVENANCE_FILE)
     if problems:
         return problems
     # The runner refuses any other torch (runtimes.require), so no real run records one; and
@@ -87,7 +106,7 @@ def listens_on_loopback(record: dict[str, Any]) -> bool:
 
 def recorded_plan(record: dict[str, Any]) -> plan.Plan:
     """The plan an artifact's provenance names; PlanError when it is outside the grammar."""
-    if record.get("schema_version") != schema.FIXTURE_SCHEMA_VERSION:
+    if record.get("schema_version") == schema.SCHEMA_VERSION:
         return plan.REGISTERED
     if "plan" not in record:
         raise plan.PlanError("a fixture run's provenance must record its plan")
@@ -115,6 +134,6 @@ def build(
         "torch_distribution": torch_distribution,
         "torch_runtime": torch_runtime,
     }
-    if run_plan.kind == "fixture":
+    if run_plan.kind != "registered":
         record["plan"] = run_plan.to_record()
     return record

@@ -60,7 +60,7 @@ def result_record(
         "schema_version": schema.version_for(run_plan),
         "verdict": "fail" if reasons else "pass",
     }
-    if run_plan.kind == "fixture":
+    if run_plan.kind != "registered":
         result["warnings"] = warnings(obs["left_running"])
         # What this scenario did not check, as the plan declared: rank-local components.
         result["left_out"] = obs.get("left_out", [])

@@ -15,6 +15,10 @@ SCHEMA_VERSION = 2  # the registered suite's artifact
 # groups left running, and since 5 the fixture's arguments and rank-local components in the
 # plan, what a reshard left out and why a load failed (older ones are refused, not guessed at).
 FIXTURE_SCHEMA_VERSION = 5
+# A run inside the user's torchrun job: a fixture run's records, and the job's launch (nodes,
+# processes per node, backend) in the plan.
+IN_JOB_SCHEMA_VERSION = 6
+VERSIONS = (SCHEMA_VERSION, FIXTURE_SCHEMA_VERSION, IN_JOB_SCHEMA_VERSION)
 MAX_FILE_BYTES = 1 << 20  # observations are a few KiB; anything near this is not ours
 # A fixture run records every key of the user's state at every phase: bounded, but larger.
 MAX_FIXTURE_FILE_BYTES = 32 << 20
@@ -45,7 +49,11 @@ def artifact_files(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def version_for(the_plan: Plan) -> int:
-    return SCHEMA_VERSION if the_plan.kind == "registered" else FIXTURE_SCHEMA_VERSION
+    return {
+        "registered": SCHEMA_VERSION,
+        "fixture": FIXTURE_SCHEMA_VERSION,
+        "in_job": IN_JOB_SCHEMA_VERSION,
+    }[the_plan.kind]
 
 
 def max_file_bytes(the_plan: Plan) -> int:

@@ -312,7 +312,7 @@ def _check_provenance(
     except canonical.CanonicalJSONError as exc:
         problems.append(str(exc))
         return plan.REGISTERED, None
-    versions = (schema.SCHEMA_VERSION, schema.FIXTURE_SCHEMA_VERSION)
+    versions = schema.VERSIONS
     if not isinstance(record, dict) or record.get("schema_version") not in versions:
         version = record.get("schema_version") if isinstance(record, dict) else None
         problems.append(
@@ -322,7 +322,7 @@ def _check_provenance(
         return plan.REGISTERED, None
     shape = provenance.shape_problems(record)
     problems += shape
-    if shape and record.get("schema_version") == schema.FIXTURE_SCHEMA_VERSION:
+    if shape and record.get("schema_version") != schema.SCHEMA_VERSION:
         return plan.REGISTERED, None  # a malformed plan names no files worth listing
     try:
         run_plan = provenance.recorded_plan(record)

@@ -37,7 +37,7 @@ class Reservation:
     def __init__(self, target: Path) -> None:
         self.target = target
         parent = target.parent
-        _check(target)
+        check_target(target)
         try:
             check_free(parent, "the output directory's parent", MIN_FREE_BYTES)
         except Exception as exc:
@@ -88,7 +88,8 @@ class Reservation:
                 self._lock_path.unlink()
 
 
-def _check(target: Path) -> None:
+def check_target(target: Path) -> None:
+    """Whether `target` can take an artifact: read-only, so every rank of a job may ask at once."""
     parent = target.parent
     if target.is_symlink() or (
         target.exists() and not (target.is_dir() and not any(target.iterdir()))

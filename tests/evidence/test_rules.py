@@ -782,7 +782,7 @@ SHAPES = [
         "training_1_to_1",
         "true for the schema version",
         setter("schema_version", value=True),
-        "schema_version: expected one of [2, 5], got True",
+        "schema_version: expected one of [2, 5, 6], got True",
     ),
     (
         "training_1_to_1",

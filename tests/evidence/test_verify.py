@@ -203,10 +203,10 @@ CASES = [
     ),
     (
         "unknown provenance schema version",
-        edit(schema.PROVENANCE_FILE, _set(("schema_version",), 6)),
+        edit(schema.PROVENANCE_FILE, _set(("schema_version",), 7)),
         True,
         "provenance.json",
-        "unknown schema version 6",
+        "unknown schema version 7",
     ),
     (
         "provenance claims authentication",
@@ -217,10 +217,10 @@ CASES = [
     ),
     (
         "unknown observation schema version",
-        edit(OBS, _set(("schema_version",), 6)),
+        edit(OBS, _set(("schema_version",), 7)),
         True,
         OBS,
-        "schema_version: expected one of [2, 5], got 6",
+        "schema_version: expected one of [2, 5, 6], got 7",
     ),
     (
         "observation with an unknown key",

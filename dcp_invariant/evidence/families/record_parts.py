@@ -119,7 +119,7 @@ def group(rank_record: Check) -> Record:
 
 
 common_fields: dict[str, Check] = {
-    "schema_version": one_of(schema.SCHEMA_VERSION, schema.FIXTURE_SCHEMA_VERSION),
+    "schema_version": one_of(*schema.VERSIONS),
     "scenario": string,
     "source_world_size": integer(1),
     "target_world_size": integer(1),

@@ -53,6 +53,19 @@ class Interner:
         self._labels: dict[tuple[str, str], str] = {}
         self._counts: dict[str, int] = {}
 
+    @property
+    def met(self) -> list[tuple[str, str]]:
+        """``(kind, digest)`` in the order first met: :meth:`replayed` hands out the same labels."""
+        return list(self._labels)
+
+    @classmethod
+    def replayed(cls, met: list[tuple[str, str]]) -> Interner:
+        """An interner that has met ``met`` already, in that order (a process restarted since)."""
+        interner = cls()
+        for kind, digest in met:
+            interner(kind, digest)
+        return interner
+
     def __call__(self, kind: str, digest: str | None) -> str | None:
         if digest is None:
             return None
@@ -151,8 +164,7 @@ class ScenarioContext:
         return f"{STORE_ROOT}/candidates/{label}"
 
     def pointer_label(self) -> str | None:
-        raw = self.store.pointer_bytes()
-        return self.intern("pointer", None if raw is None else hashlib.sha256(raw).hexdigest())
+        return pointer_label(self.store, self.intern)
 
     def target_record(self, outcome: GroupOutcome) -> GroupRecord:
         """A loading group's record, with each rank's raw generation digest turned into a label."""
@@ -198,43 +210,58 @@ class ScenarioContext:
 
     def commit(self, label: str, damage: Callable[[Path], None] | None = None) -> CommitRecord:
         """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it."""
-        store = self.store
-        # The fields after the attempt (candidate_retained, pointer_after, generations_after)
-        # are read once it is over; a driver error before then returns no record at all.
-        record: CommitRecord = {
-            "label": label,
-            "sealed": False,
-            "seal_error": None,
-            "receipt": None,
-            "files": _listing(store.candidate(label)),
-            "promoted": False,
-            "refused": [],
-            "candidate_retained": False,
-            "pointer_before": self.pointer_label(),
-            "pointer_after": None,
-            "generations_before": len(store.generation_names()),
-            "generations_after": 0,
-        }
+        return commit(self.store, label, self.intern, damage)
+
+
+def pointer_label(store: CheckpointStore, intern: Interner) -> str | None:
+    raw = store.pointer_bytes()
+    return intern("pointer", None if raw is None else hashlib.sha256(raw).hexdigest())
+
+
+def commit(
+    store: CheckpointStore,
+    label: str,
+    intern: Interner,
+    damage: Callable[[Path], None] | None = None,
+) -> CommitRecord:
+    """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it; the
+    commit record, with digests as ``intern`` labels them."""
+    # The fields after the attempt (candidate_retained, pointer_after, generations_after)
+    # are read once it is over; a driver error before then returns no record at all.
+    record: CommitRecord = {
+        "label": label,
+        "sealed": False,
+        "seal_error": None,
+        "receipt": None,
+        "files": _listing(store.candidate(label)),
+        "promoted": False,
+        "refused": [],
+        "candidate_retained": False,
+        "pointer_before": pointer_label(store, intern),
+        "pointer_after": None,
+        "generations_before": len(store.generation_names()),
+        "generations_after": 0,
+    }
+    try:
+        sealed = store.seal(label)
+    except SealError as exc:
+        record["seal_error"] = str(exc)
+    else:
+        record["sealed"] = True
+        record["receipt"] = intern("receipt", sealed.digest)
+        record["files"] = [{"path": f.path, "size": f.size} for f in sealed.files]
+        if damage is not None:
+            damage(store.candidate(label))
         try:
-            sealed = store.seal(label)
-        except SealError as exc:
-            record["seal_error"] = str(exc)
+            store.promote(label)
+        except PromotionRefused as exc:
+            record["refused"] = _failures(exc.failures)
         else:
-            record["sealed"] = True
-            record["receipt"] = self.intern("receipt", sealed.digest)
-            record["files"] = [{"path": f.path, "size": f.size} for f in sealed.files]
-            if damage is not None:
-                damage(store.candidate(label))
-            try:
-                store.promote(label)
-            except PromotionRefused as exc:
-                record["refused"] = _failures(exc.failures)
-            else:
-                record["promoted"] = True
-        record["candidate_retained"] = store.candidate(label).is_dir()
-        record["pointer_after"] = self.pointer_label()
-        record["generations_after"] = len(store.generation_names())
-        return record
+            record["promoted"] = True
+    record["candidate_retained"] = store.candidate(label).is_dir()
+    record["pointer_after"] = pointer_label(store, intern)
+    record["generations_after"] = len(store.generation_names())
+    return record
 
 
 def _failures(failures: list[StoreFailure]) -> list[Failure]:

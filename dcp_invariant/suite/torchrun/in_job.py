@@ -1,0 +1,394 @@
+"""``torchrun ... -m dcp_invariant in-job --fixture MOD:FN --checkpoint-dir DIR --output-dir DIR``:
+the checks inside the user's own torchrun job, on every node, at the world size it trains at.
+
+torchrun starts, restarts and stops this program on every node; it starts no process of its
+own. Each scenario of :func:`dcp_invariant.plan.in_job_plan` works in its own directory under
+``--checkpoint-dir``, which every node must see (a shared filesystem):
+
+- attempt 0 (``TORCHELASTIC_RESTART_COUNT`` 0): the uninterrupted arm takes N steps, saves
+  through DCP (``dcp.save``, or ``dcp.async_save`` in thread mode while step N+1 runs) and takes
+  K more; a second arm repeats it, so a loop that does not repeat itself is named as such. Once
+  every rank's save has returned, rank 0 seals and promotes the first arm's checkpoint. Every
+  rank writes what it saw beside it and exits with :data:`plan.ELASTIC_EXIT_CODE`, so torchrun
+  restarts every worker on every node;
+- attempt 1: each fresh worker loads through the pointer, verifies the receipt before and
+  after, compares what it loaded with what was saved, and takes the K steps against the
+  uninterrupted arm's, bit for bit. Rank 0 gathers every rank's records, judges them with the
+  rules ``verify`` applies, and writes the artifact.
+
+The process group meets through a file under ``--checkpoint-dir`` (torch's ``FileStore``), not
+a TCP store: the only sockets are the backend's own, on the interface the user names
+(``GLOO_SOCKET_IFNAME``; loopback is no option across hosts).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import canonical, plan, regular_file, runtimes
+from dcp_invariant.commit import CheckpointStore, durable
+from dcp_invariant.errors import BadInput
+from dcp_invariant.evidence.families.records import GroupRecord
+from dcp_invariant.suite.scenarios.common import STORE_ROOT, Interner, commit
+from dcp_invariant.suite.scenarios.payloads import FixtureResume, FixtureTrain
+from dcp_invariant.suite.scenarios.resume import REFERENCE_SNAPSHOTS
+
+# Under --checkpoint-dir: the process group's files, and each rank's records between attempts.
+STATE_DIR = ".in-job"
+COMMIT_FILE = "commit.json"
+
+
+class InJobError(BadInput):
+    """The job cannot run the checks as launched; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Options:
+    fixture: str
+    checkpoint_dir: Path
+    output_dir: Path
+    steps_before: int
+    steps_after: int
+    fixture_args: Mapping[str, Any]
+    backend: plan.Backend
+    gloo_interface: str | None
+    timeout: float
+    source_revision: str
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """What torchrun tells each worker (torch/distributed/run.py sets these)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    restart_count: int
+    max_restarts: int
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str]) -> JobEnvironment:
+        names = (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_MAX_RESTARTS",
+        )
+        missing = [n for n in names if not environ.get(n, "").isdigit()]
+        if missing:
+            raise InJobError(
+                f"in-job runs as a torchrun worker, and {', '.join(missing)} is not set: launch it "
+                "with torchrun --max-restarts=1 ... -m dcp_invariant in-job ..."
+            )
+        job = cls(*(int(environ[n]) for n in names))
+        if job.world_size % job.local_world_size:
+            raise InJobError(
+                f"WORLD_SIZE {job.world_size} is not a multiple of LOCAL_WORLD_SIZE "
+                f"{job.local_world_size}: give every node the same --nproc-per-node"
+            )
+        if job.max_restarts != 1:
+            raise InJobError(
+                f"torchrun allows {job.max_restarts} restarts: launch it with --max-restarts=1, "
+                "the one restart the check makes"
+            )
+        if job.restart_count > 1:
+            raise InJobError(
+                f"this is torchrun's restart {job.restart_count}; the check makes exactly one"
+            )
+        return job
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+
+def run_id(environ: Mapping[str, str]) -> str:
+    """torchrun's --rdzv-id, kept to a safe file-name part: it names this launch's files."""
+    given = environ.get("TORCHELASTIC_RUN_ID", "none")
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in given)[:64] or "none"
+
+
+def device_for(backend: plan.Backend, local_rank: int, cuda_devices: int) -> str:
+    """The device each rank's app and collectives use: NCCL needs the rank's own GPU."""
+    if backend == "gloo":
+        return "cpu"
+    if local_rank >= cuda_devices:
+        raise InJobError(
+            f"backend nccl: local rank {local_rank} has no CUDA device (this node has "
+            f"{cuda_devices}); use --backend gloo, or as many processes per node as GPUs"
+        )
+    return f"cuda:{local_rank}"
+
+
+def the_plan(options: Options, job: JobEnvironment) -> plan.Plan:
+    launch = plan.Launch(job.nodes, job.local_world_size, options.backend)
+    return plan.in_job_plan(
+        options.fixture, launch, options.steps_before, options.steps_after, options.fixture_args
+    )
+
+
+def main(options: Options) -> int:
+    """One worker's part; its exit code is what torchrun sees."""
+    from dcp_invariant.suite import fixture, output_dir, worker
+
+    worker.die_with_parent()  # an agent SIGKILLed takes its workers with it
+    job = JobEnvironment.read(os.environ)
+    run_plan = the_plan(options, job)
+    # Before any collective: bad input is found by every rank alike, and said once.
+    fixture.load_fixture(options.fixture, options.fixture_args)
+    root = options.checkpoint_dir.resolve()
+    launch_id = run_id(os.environ)
+    refused = root / STATE_DIR / f"refused-{launch_id}"
+    if job.restart_count == 0:
+        output_dir.check_target(options.output_dir)
+        # Before the process group: no rank of this launch has created anything yet.
+        earlier = [s.name for s in run_plan.scenarios if (root / s.name).exists()]
+        if earlier:
+            # The restart that follows must not judge that earlier run's records as this one's.
+            refused.parent.mkdir(parents=True, exist_ok=True)
+            refused.touch()
+            raise InJobError(
+                f"{root} holds an earlier run's {', '.join(earlier)}: give a fresh --checkpoint-dir"
+            )
+    elif refused.exists():
+        raise InJobError(f"the first attempt refused {root}: give a fresh --checkpoint-dir")
+    if options.gloo_interface:
+        os.environ["GLOO_SOCKET_IFNAME"] = options.gloo_interface
+
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import FileStore
+
+    distribution = importlib.metadata.version("torch")
+    runtimes.require(distribution, str(torch.__version__))
+    device = device_for(options.backend, job.local_rank, torch.cuda.device_count())
+    if device != "cpu":
+        torch.cuda.set_device(device)
+    (root / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    pg_file = root / STATE_DIR / f"pg-{launch_id}-attempt{job.restart_count}"
+    store = FileStore(str(pg_file), job.world_size)
+    dist.init_process_group(
+        options.backend,
+        store=store,
+        rank=job.rank,
+        world_size=job.world_size,
+        timeout=timedelta(seconds=options.timeout),
+    )
+    try:
+        if job.restart_count == 0:
+            _first_attempt(root, run_plan, job, options)
+            return plan.ELASTIC_EXIT_CODE
+        return _after_restart(root, run_plan, job, options, distribution, str(torch.__version__))
+    finally:
+        dist.destroy_process_group()
+
+
+def _first_attempt(root: Path, run_plan: plan.Plan, job: JobEnvironment, options: Options) -> None:
+    import torch.distributed as dist
+
+    label = run_plan.baseline_label
+    for scenario in run_plan.scenarios:
+        workdir = root / scenario.name
+        (workdir / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        os.chdir(workdir)
+        arms = {}
+        for arm, candidate, snapshots in (
+            ("reference", label, REFERENCE_SNAPSHOTS),
+            ("repeat", f"repeat-{label}", None),
+        ):
+            payload: FixtureTrain = {
+                "checkpoint": f"{STORE_ROOT}/candidates/{candidate}",
+                "fixture": options.fixture,
+                "fixture_args": dict(options.fixture_args),
+                "snapshots": snapshots,
+                "steps_after": run_plan.steps_after,
+                "steps_before": run_plan.steps_before,
+            }
+            if scenario.async_mode:
+                payload["async_mode"] = scenario.async_mode
+                payload["timeout"] = options.timeout
+            arms[arm] = _task("fixture_train", job, payload)
+            dist.barrier()  # every rank's save has returned: its files are durable
+        if job.rank == 0:
+            interner = Interner()
+            record = commit(CheckpointStore(workdir / STORE_ROOT), label, interner)
+            done = {"commit": record, "met": interner.met}
+            durable.replace_file(workdir / STATE_DIR / COMMIT_FILE, canonical.dumps(done))
+        mine = workdir / STATE_DIR / f"attempt0-rank{job.rank}.json"
+        durable.replace_file(mine, canonical.dumps(arms))
+        dist.barrier()
+        os.chdir(root)
+
+
+def _after_restart(
+    root: Path,
+    run_plan: plan.Plan,
+    job: JobEnvironment,
+    options: Options,
+    distribution: str,
+    runtime: str,
+) -> int:
+    import torch.distributed as dist
+
+    observations: dict[str, dict[str, Any]] = {}
+    for scenario in run_plan.scenarios:
+        workdir = root / scenario.name
+        os.chdir(workdir)
+        payload: FixtureResume = {
+            "compare_steps": True,
+            "fixture": options.fixture,
+            "fixture_args": dict(options.fixture_args),
+            "rank_local": [],
+            "reference": REFERENCE_SNAPSHOTS,
+            "source_world_size": job.world_size,
+            "steps_after": run_plan.steps_after,
+            "store": STORE_ROOT,
+        }
+        target = _task("fixture_resume", job, payload)
+        first = _read(workdir / STATE_DIR / f"attempt0-rank{job.rank}.json")
+        gathered: list[Any] = [None] * job.world_size if job.rank == 0 else []
+        dist.gather_object(
+            {"arms": first, "target": target}, gathered if job.rank == 0 else None, dst=0
+        )
+        if job.rank == 0:
+            committed = _read(workdir / STATE_DIR / COMMIT_FILE)
+            observations[scenario.name] = observation(scenario, run_plan, gathered, committed)
+        os.chdir(root)
+    verdict = [0]
+    if job.rank == 0:
+        verdict[0] = _write_artifact(observations, run_plan, options, distribution, runtime)
+    dist.broadcast_object_list(verdict, src=0)
+    return int(verdict[0])
+
+
+TaskResult = dict[str, Any]  # {"exit_code": 0 or 1, "record": the rank's report or None}
+
+
+def _task(name: str, job: JobEnvironment, payload: Any) -> TaskResult:
+    """Run a fixture task on this rank as a worker of the pool would, catching what it raises."""
+    from dcp_invariant.suite.scenarios import fixture_tasks
+
+    fn: Callable[..., None] = getattr(fixture_tasks, name)
+    reported: list[dict[str, Any]] = []
+    try:
+        fn(job.rank, job.world_size, payload, reported.append)
+    except Exception as exc:
+        # The user wants their loop's frames: print them, and record the rank's failure.
+        traceback.print_exception(exc, file=sys.stderr)
+        return {"exit_code": 1, "record": reported[-1] if reported else None}
+    return {"exit_code": 0, "record": reported[-1] if reported else None}
+
+
+def _read(path: Path) -> Any:
+    try:
+        return canonical.loads(regular_file.read(path, bound=durable.MAX_RECORD_BYTES))
+    except FileNotFoundError:
+        raise InJobError(
+            f"{path} is missing: the first attempt did not finish on every rank (see its log)"
+        ) from None
+
+
+def group(results: list[TaskResult]) -> GroupRecord:
+    """The group record the pool would have made of these ranks' results, in rank order."""
+    return {
+        "exit_codes": [r["exit_code"] for r in results],
+        "timed_out": False,
+        "ranks": [r["record"] for r in results if r["record"] is not None],
+    }
+
+
+def observation(
+    scenario: plan.Scenario,
+    run_plan: plan.Plan,
+    gathered: list[dict[str, Any]],
+    committed: dict[str, Any],
+) -> dict[str, Any]:
+    """The scenario's observation, in the shape its family's driver gives it on one host
+    (``run`` in dcp_invariant/suite/scenarios/resume.py), so ``verify`` holds it to the same
+    rules. Digests are labelled in the order the driver meets them: the commit's, then each
+    loading rank's generation."""
+    intern = Interner.replayed([(kind, digest) for kind, digest in committed["met"]])
+    target = group([g["target"] for g in gathered])
+    target["ranks"] = [
+        {**r, "generation": intern("receipt", r["generation"])} for r in target["ranks"]
+    ]
+    fields: dict[str, Any] = {"save_mode": scenario.async_mode} if scenario.async_mode else {}
+    return {
+        "errors": [],
+        "scenario": scenario.name,
+        "schema_version": _schema_version(run_plan),
+        "source_world_size": scenario.source_world_size,
+        "target_world_size": scenario.target_world_size,
+        "fixture": run_plan.fixture,
+        "steps_before_save": run_plan.steps_before,
+        "steps_after": run_plan.steps_after,
+        "reference": group([g["arms"]["reference"] for g in gathered]),
+        "repeat": group([g["arms"]["repeat"] for g in gathered]),
+        "commit": committed["commit"],
+        "target": target,
+        "left_running": [],  # this program starts none: torchrun owns every process
+        **fields,
+    }
+
+
+def _schema_version(run_plan: plan.Plan) -> int:
+    from dcp_invariant.evidence import schema
+
+    return schema.version_for(run_plan)
+
+
+def _write_artifact(
+    observations: dict[str, dict[str, Any]],
+    run_plan: plan.Plan,
+    options: Options,
+    distribution: str,
+    runtime: str,
+) -> int:
+    """Rank 0: judge, write the artifact, print the verdicts; 0 pass, 1 fail."""
+    from dcp_invariant.evidence import artifact, provenance, schema
+    from dcp_invariant.suite import output_dir
+
+    try:
+        import numpy
+
+        numpy_version: str | None = numpy.__version__
+    except ImportError:
+        numpy_version = None
+    record = provenance.build(
+        source_revision=options.source_revision,
+        torch_distribution=distribution,
+        torch_runtime=runtime,
+        numpy=numpy_version,
+        run_plan=run_plan,
+    )
+    files = artifact.build(observations, record, run_plan=run_plan)
+    reservation = output_dir.Reservation(options.output_dir)
+    try:
+        reservation.fill(files)
+    finally:
+        reservation.release()
+    failed = 0
+    for name in run_plan.names:
+        result = canonical.loads(files[schema.result_file(name)])
+        failed += result["verdict"] == "fail"
+        print(f"{result['verdict']:<4}  {name}", flush=True)
+        for reason in result["reasons"]:
+            print(f"      - {reason}", flush=True)
+    total = len(run_plan.names)
+    verdict = "fail" if failed else "pass"
+    print(
+        f"{verdict}: {total - failed} passed, {failed} failed; evidence in {options.output_dir}",
+        flush=True,
+    )
+    return 1 if failed else 0

@@ -1,0 +1,272 @@
+"""`dcp-invariant in-job` inside real torchrun jobs of several agents ("nodes") on this host.
+
+Each agent is `python -m dcp_invariant.suite.torchrun.launch` (torchrun with the rendezvous
+store bound to 127.0.0.1) joining one c10d rendezvous on loopback; Gloo binds `lo`. As root,
+two network namespaces joined by a veth pair stand in for two hosts, with plain torchrun in
+each. Every agent has a timeout, is killed with its session when a test ends, and no process,
+namespace or file is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cli_runs import REVISION
+
+from dcp_invariant import canonical
+from dcp_invariant.commit import CheckpointStore
+from dcp_invariant.evidence import diagnosis, schema
+from dcp_invariant.evidence.verify import verify_artifact
+
+pytestmark = [
+    pytest.mark.live,
+    pytest.mark.skipif(sys.platform != "linux", reason="agents on loopback: Linux here"),
+]
+
+TESTS = Path(__file__).resolve().parents[1]
+AGENT_TIMEOUT = 600
+# The rendezvous of a restarted agent waits this long for its peer before it gives up.
+RDZV_CONF = "join_timeout=30,last_call_timeout=1,close_timeout=5"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Job:
+    agents: list[subprocess.Popen[str]]
+    logs: list[Path]
+    checkpoint: Path
+    output: Path
+
+    def wait(self, timeout: float = AGENT_TIMEOUT) -> list[int]:
+        deadline = time.monotonic() + timeout
+        return [a.wait(timeout=max(1.0, deadline - time.monotonic())) for a in self.agents]
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.logs)
+
+
+@contextlib.contextmanager
+def torchrun_job(
+    tmp: Path,
+    *,
+    nodes: int,
+    nproc: int,
+    fixture: str = "fixture_loops:correct",
+    namespaces: list[str] | None = None,
+    endpoint_host: str = "127.0.0.1",
+    interface: str = "lo",
+) -> Iterator[Job]:
+    """``nodes`` torchrun agents running ``in-job``; killed, sessions and all, at the end."""
+    port = _free_port()
+    checkpoint, output = tmp / "ckpt", tmp / "evidence"
+    agents, logs = [], []
+    for node in range(nodes):
+        if namespaces is None:
+            # The guarded launcher binds the rendezvous store to 127.0.0.1 only.
+            launcher = [sys.executable, "-m", "dcp_invariant.suite.torchrun.launch"]
+            prefix: list[str] = []
+            local = ["--local-addr=127.0.0.1"]
+        else:
+            # Inside the test's own namespaces: torchrun as users run it.
+            launcher = [sys.executable, "-m", "torch.distributed.run"]
+            prefix = ["ip", "netns", "exec", namespaces[node]]
+            local = []
+        command = [
+            *prefix, *launcher, f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint_host}:{port}",
+            f"--rdzv-id=test-{port}", f"--rdzv-conf={RDZV_CONF},is_host={node == 0}".lower(),
+            "--max-restarts=1", "--monitor-interval=0.1", *local,
+            "-m", "dcp_invariant", "in-job", "--fixture", fixture,
+            "--checkpoint-dir", str(checkpoint), "--output-dir", str(output),
+            "--gloo-interface", interface, "--source-revision", REVISION, "--timeout", "60",
+        ]  # fmt: skip
+        log = tmp / f"agent{node}.log"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS / "suite")])}
+        with open(log, "w", encoding="utf-8") as sink:
+            agents.append(
+                subprocess.Popen(
+                    command,
+                    cwd=TESTS,
+                    env=env,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        logs.append(log)
+    job = Job(agents, logs, checkpoint, output)
+    try:
+        yield job
+    finally:
+        for agent in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait(timeout=60)
+        assert _processes_using(checkpoint) == [], "a worker outlived its agent"
+
+
+def _processes_using(checkpoint: Path) -> list[str]:
+    """Processes whose command line names this test's checkpoint directory."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(checkpoint) in cmdline:
+            found.append(f"{entry.name}: {cmdline[:200]}")
+    return found
+
+
+def _results(output: Path) -> dict[str, dict[str, object]]:
+    return {p.stem: canonical.loads(p.read_bytes()) for p in sorted((output / "results").iterdir())}
+
+
+@pytest.mark.parametrize(("nodes", "nproc"), [(2, 1), (2, 2)], ids=["W=2", "W=4"])
+def test_a_correct_loop_passes_in_a_two_node_job(tmp_path: Path, nodes: int, nproc: int) -> None:
+    started = time.monotonic()
+    with torchrun_job(tmp_path, nodes=nodes, nproc=nproc) as job:
+        codes = job.wait()
+        seconds = time.monotonic() - started
+        assert codes == [0] * nodes, job.log()
+    print(f"in-job W={nodes * nproc}: {seconds:.1f} s")  # the note's figure; not asserted
+
+    report = verify_artifact(job.output)
+    w = nodes * nproc
+    assert report.passed, report.problems
+    assert report.run_plan.names == (f"resume_{w}", f"async_resume_{w}")
+    provenance = canonical.loads((job.output / schema.PROVENANCE_FILE).read_bytes())
+    assert provenance["schema_version"] == schema.IN_JOB_SCHEMA_VERSION
+    assert provenance["plan"]["launch"] == {
+        "backend": "gloo",
+        "nodes": nodes,
+        "nproc_per_node": nproc,
+    }
+    # Every rank restarted once and loaded the committed generation.
+    resume = canonical.loads((job.output / schema.observation_file(f"resume_{w}")).read_bytes())
+    assert [r["rank"] for r in resume["target"]["ranks"]] == list(range(w))
+    assert resume["commit"]["promoted"] is True
+    # No host names, addresses or ports in the evidence.
+    evidence = b"".join(p.read_bytes() for p in job.output.rglob("*") if p.is_file())
+    assert b"127.0.0.1" not in evidence and socket.gethostname().encode() not in evidence
+
+
+def test_a_resume_bug_fails_the_job_naming_the_cause(tmp_path: Path) -> None:
+    with torchrun_job(tmp_path, nodes=2, nproc=1, fixture="fixture_loops:rng_outside_state") as job:
+        codes = job.wait()
+        assert all(code != 0 for code in codes), job.log()
+    results = _results(job.output)
+    assert {name: r["verdict"] for name, r in results.items()} == {
+        "async_resume_2": "fail",
+        "resume_2": "fail",
+    }
+    assert str(results["resume_2"]["reasons"]).count(diagnosis.OUTSIDE_STATE_DICT) >= 1
+    assert not verify_artifact(job.output).passed
+
+
+def test_a_node_lost_after_the_save_fails_and_promotes_nothing_partial(tmp_path: Path) -> None:
+    with torchrun_job(tmp_path, nodes=2, nproc=1) as job:
+        # The first scenario's checkpoint is committed once its record is written; the second
+        # scenario's save starts right after: lose node 1 then.
+        committed = job.checkpoint / "resume_2" / ".in-job" / "commit.json"
+        deadline = time.monotonic() + AGENT_TIMEOUT
+        while not committed.exists() and time.monotonic() < deadline:
+            assert job.agents[0].poll() is None, job.log()
+            time.sleep(0.05)
+        os.killpg(job.agents[1].pid, signal.SIGKILL)
+        started = time.monotonic()
+        code = job.agents[0].wait(timeout=AGENT_TIMEOUT)
+        waited = time.monotonic() - started
+        assert code != 0, job.log()
+    # The survivor gave up within its rendezvous timeouts; nothing was judged, so no pass.
+    assert waited < 240, waited
+    assert not (job.output / schema.MANIFEST_FILE).exists()
+    # The committed generation is whole; the save the lost node was part of is not promoted.
+    resumed = CheckpointStore(job.checkpoint / "resume_2" / "ckpt")
+    assert resumed.pointer_bytes() is not None
+    resumed.resolve()  # verifies the generation against its receipt; raises if it is not whole
+    assert CheckpointStore(job.checkpoint / "async_resume_2" / "ckpt").pointer_bytes() is None
+
+
+def _netns_available() -> str:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return "needs root and iproute2's ip"
+    probe = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False
+    )
+    return "" if probe.returncode == 0 else f"ip netns is not available: {probe.stderr.strip()}"
+
+
+# Both ends of the pair take this name inside their namespace, so one --gloo-interface names
+# each host's own end, as one interface name does across a cluster's identical nodes.
+INTERFACE = "dcpi0"
+
+
+@contextlib.contextmanager
+def two_hosts(tag: str) -> Iterator[tuple[list[str], str]]:
+    """Two namespaces joined by a veth pair with addresses of their own; removed afterwards."""
+    names = [f"dcpi-{tag}-a", f"dcpi-{tag}-b"]
+    ends = [f"dv{tag}a", f"dv{tag}b"]
+    addresses = ["10.213.7.1", "10.213.7.2"]
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    try:
+        for name in names:
+            ip("netns", "add", name)
+        ip("link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
+        for name, end, address in zip(names, ends, addresses, strict=True):
+            ip("link", "set", end, "netns", name)
+            ip("-n", name, "link", "set", end, "name", INTERFACE)
+            ip("-n", name, "addr", "add", f"{address}/30", "dev", INTERFACE)
+            ip("-n", name, "link", "set", INTERFACE, "up")
+            ip("-n", name, "link", "set", "lo", "up")
+        yield names, addresses[0]
+    finally:
+        for name in names:
+            subprocess.run(
+                ["ip", "netns", "del", name], capture_output=True, timeout=30, check=False
+            )
+
+
+def test_two_hosts_joined_by_a_veth_pair(tmp_path: Path) -> None:
+    reason = _netns_available()
+    if reason:
+        pytest.skip(reason)
+    tag = str(os.getpid() % 10000)
+    with (
+        two_hosts(tag) as (namespaces, host_address),
+        torchrun_job(
+            tmp_path,
+            nodes=2,
+            nproc=1,
+            namespaces=namespaces,
+            endpoint_host=host_address,
+            interface=INTERFACE,
+        ) as job,
+    ):
+        codes = job.wait()
+        assert codes == [0, 0], job.log()
+    assert verify_artifact(job.output).passed
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    assert f"dcpi-{tag}" not in listed.stdout
