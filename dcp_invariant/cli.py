@@ -119,7 +119,46 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="list every problem even of a directory that is not an artifact at all",
     )
+    inspect = sub.add_parser(
+        "inspect",
+        help="check a DCP checkpoint directory against its .metadata (imports no torch, "
+        "never runs the pickle)",
+    )
+    inspect.add_argument("directory", type=Path, help="the directory dcp.save wrote")
+    inspect.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="also estimate what each rank would read when loading at this world size",
+    )
+    inspect.add_argument("--json", action="store_true", help="print one canonical JSON record")
     sub.add_parser("list", help="list the scenarios")
+    in_job = sub.add_parser(
+        "in-job",
+        help="as a worker of your torchrun job (torchrun --max-restarts=1 ... -m dcp_invariant "
+        "in-job ...): check your loop at the job's world size, across its nodes",
+    )
+    in_job.add_argument("--fixture", required=True, metavar="MODULE:CALLABLE")
+    in_job.add_argument(
+        "--checkpoint-dir",
+        required=True,
+        type=Path,
+        help="a fresh directory every node sees (a shared filesystem): checkpoints and records",
+    )
+    in_job.add_argument(
+        "--output-dir", required=True, type=Path, help="where rank 0 writes the artifact"
+    )
+    in_job.add_argument("--steps-before", type=int, default=plan.DEFAULT_STEPS_BEFORE)
+    in_job.add_argument("--steps-after", type=int, default=plan.DEFAULT_STEPS_AFTER)
+    in_job.add_argument("--fixture-arg", action="append", default=None, metavar="NAME=VALUE")
+    in_job.add_argument("--backend", choices=plan.BACKENDS, default="gloo")
+    in_job.add_argument(
+        "--gloo-interface",
+        metavar="IFNAME",
+        help="the network interface Gloo binds (sets GLOO_SOCKET_IFNAME), e.g. eth0",
+    )
+    in_job.add_argument("--timeout", type=float, default=None, help="seconds per collective")
+    in_job.add_argument("--source-revision", help="40-hex revision of the code under test")
     report = sub.add_parser(
         "github-report",
         help="write the GitHub job summary and step outputs for an artifact (always exits 0)",
@@ -159,7 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        commands = {"run": _run, "verify": _verify, "list": _list, "github-report": _github_report}
+        commands = {
+            "run": _run,
+            "verify": _verify,
+            "inspect": _inspect,
+            "list": _list,
+            "github-report": _github_report,
+            "in-job": _in_job,
+        }
         return commands[args.command](args)
     except BadInput as exc:
         print(f"dcp-invariant: error: {exc}", file=sys.stderr)
@@ -168,6 +214,27 @@ def main(argv: list[str] | None = None) -> int:
                 print(exc.details, file=sys.stderr)
             traceback.print_exception(exc, file=sys.stderr)
         return exc.exit_code
+
+
+def _in_job(args: argparse.Namespace) -> int:
+    from dcp_invariant import python_api
+    from dcp_invariant.suite.torchrun import in_job
+
+    options = in_job.Options(
+        fixture=args.fixture,
+        checkpoint_dir=args.checkpoint_dir,
+        output_dir=args.output_dir,
+        steps_before=args.steps_before,
+        steps_after=args.steps_after,
+        fixture_args=_fixture_args(args.fixture_arg or []),
+        backend=args.backend,
+        gloo_interface=args.gloo_interface,
+        timeout=python_api.checked_timeout(args.timeout, "--timeout"),
+        source_revision=python_api.source_revision_of(args.source_revision, "--source-revision"),
+    )
+    # As `run` does: the fixture's module is found from the directory the job starts in.
+    sys.path.insert(0, os.getcwd())
+    return in_job.main(options)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -222,6 +289,20 @@ def _verify(args: argparse.Namespace) -> int:
             )
     _print_lines(lines)
     return EXIT_OK if report.passed else EXIT_FAIL
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from dcp_invariant.inspect import checkpoint
+
+    world_size = args.world_size
+    if world_size is not None:
+        world_size = checkpoint.checked_world_size(world_size)
+    report = checkpoint.inspect_checkpoint(args.directory, world_size=world_size)
+    if args.json:
+        _print_lines([canonical.dumps(report.to_record()).decode("utf-8")], end="")
+    else:
+        _print_lines(report.lines())
+    return EXIT_OK if report.sound else EXIT_FAIL
 
 
 def _github_report(args: argparse.Namespace) -> int:

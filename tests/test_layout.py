@@ -45,6 +45,14 @@ def test_the_evidence_side_does_not_need_the_commit_protocol() -> None:
             assert not [t for t in targets if t.startswith("dcp_invariant.commit")], name
 
 
+def test_inspect_needs_neither_the_suite_nor_the_evidence_side() -> None:
+    # `inspect` reads a checkpoint torch-free: the commit protocol's receipts, nothing else.
+    elsewhere = ("dcp_invariant.suite", "dcp_invariant.evidence")
+    for name, targets in _imports().items():
+        if name.startswith("dcp_invariant.inspect"):
+            assert not [t for t in targets if t.startswith(elsewhere)], name
+
+
 def test_shared_modules_stand_on_the_standard_library() -> None:
     graph = _imports()
     # errors.py is the one package module they may import: it holds only exceptions.

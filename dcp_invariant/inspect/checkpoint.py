@@ -1,0 +1,100 @@
+"""``inspect``: whether a DCP checkpoint directory holds everything its ``.metadata`` promises.
+
+Reads ``.metadata`` (bounded, never through pickle: :mod:`.metadata`), lists the directory
+once, and checks from sizes and offsets alone: every file an item names, every item's byte
+range, every tensor's chunks against its shape, every byte item's entry; a dcp-invariant
+generation also against its receipt. No shard is read unless a receipt asks for its SHA-256.
+It proves the checkpoint is complete and consistent, not that its values are right.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dcp_invariant import canonical
+from dcp_invariant.inspect import estimate, generation, metadata, records, storage, tiling
+from dcp_invariant.inspect.errors import BadWorldSize, MetadataProblem, NotACheckpoint
+from dcp_invariant.inspect.problems import Problem
+from dcp_invariant.inspect.report import Contents, Report
+
+MAX_WORLD_SIZE = 1 << 16
+_WROTE = "pass the directory dcp.save wrote (checkpoint_id)"
+
+
+def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Report:
+    """Check ``directory``; :class:`NotACheckpoint` if it is no DCP checkpoint directory at all."""
+    shown = canonical.shown(canonical.printable(str(directory)))
+    try:
+        entries = storage.listing(directory)
+    except FileNotFoundError:
+        raise NotACheckpoint(f"{shown} does not exist: {_WROTE}") from None
+    except NotADirectoryError:
+        raise NotACheckpoint(f"{shown} is not a directory: {_WROTE}") from None
+    except (OSError, ValueError) as exc:
+        raise NotACheckpoint(f"{shown} cannot be listed ({exc}): {_WROTE}") from None
+    meta_entry = entries.get(metadata.METADATA_FILE)
+    if meta_entry is None:
+        raise NotACheckpoint(
+            f"{shown} has no {metadata.METADATA_FILE}: {_WROTE}; DCP writes it last, so a "
+            "save that did not finish has none"
+        )
+    receipt = generation.check(directory)
+    problems = list(receipt.problems) if receipt is not None else []
+    report = Report(str(directory), None, receipt, None, ())
+    if not storage.is_regular(meta_entry):
+        problems.insert(
+            0, Problem("not a regular file", f"{metadata.METADATA_FILE} is a {meta_entry.kind}")
+        )
+        return _with(report, problems)
+    try:
+        meta = metadata.read(directory / metadata.METADATA_FILE)
+    except MetadataProblem as exc:
+        problems.insert(0, Problem(exc.cause, str(exc)))
+        return _with(report, problems)
+    except OSError as exc:
+        problems.insert(0, Problem("unreadable", f"{metadata.METADATA_FILE}: {exc}"))
+        return _with(report, problems)
+    found = storage.check_items(meta)
+    if meta.storage_data is not None:
+        found += storage.check_files(meta.storage_data, entries)
+    for key, item in meta.state_dict_metadata.items():
+        if isinstance(item, records.TensorStorageMetadata):
+            chunks = [tiling.Chunk(c.offsets, c.sizes) for c in item.chunks]
+            found += tiling.check(key, item.size, chunks)
+    return Report(
+        str(directory),
+        _contents(meta, entries),
+        receipt,
+        None if world_size is None else estimate.estimate(meta, world_size),
+        tuple(found + problems),
+    )
+
+
+def _with(report: Report, problems: list[Problem]) -> Report:
+    return Report(report.directory, None, report.receipt, None, tuple(problems))
+
+
+def _contents(meta: records.Metadata, entries: dict[str, storage.Entry]) -> Contents:
+    items = meta.state_dict_metadata.values()
+    tensors = [i for i in items if isinstance(i, records.TensorStorageMetadata)]
+    infos = list((meta.storage_data or {}).values())
+    names = sorted({info.relative_path for info in infos})
+    sizes = tuple((name, entries[name].size if name in entries else None) for name in names)
+    return Contents(
+        keys=len(meta.state_dict_metadata),
+        tensors=len(tensors),
+        byte_items=len(meta.state_dict_metadata) - len(tensors),
+        chunks=sum(len(t.chunks) for t in tensors),
+        stored_bytes=sum(max(0, info.length) for info in infos),
+        files=sizes,
+        version=meta.version,
+    )
+
+
+def checked_world_size(value: int) -> int:
+    """``--world-size``: a positive count of ranks (a bound keeps the estimate's list small)."""
+    if not 1 <= value <= MAX_WORLD_SIZE:
+        raise BadWorldSize(
+            f"--world-size {value}: give a number of ranks from 1 to {MAX_WORLD_SIZE}"
+        )
+    return value

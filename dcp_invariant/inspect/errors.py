@@ -1,0 +1,41 @@
+"""What ``inspect`` raises: a problem with the checkpoint (exit 1), or bad input (exit 2)."""
+
+from __future__ import annotations
+
+from dcp_invariant.errors import BadInput
+from dcp_invariant.inspect.problems import Cause
+
+
+class NotACheckpoint(BadInput):
+    """DIR is missing, is not a directory, or holds no ``.metadata``: one line, exit 2."""
+
+
+class BadWorldSize(BadInput):
+    """``--world-size`` is not a positive number of ranks: one line, exit 2."""
+
+
+class MetadataProblem(Exception):
+    """``.metadata`` cannot be read as DCP metadata; ``cause`` starts the reason printed."""
+
+    cause: Cause = "malformed metadata"
+
+
+class RefusedPickle(MetadataProblem):
+    """The pickle names a global, or uses an opcode, that DCP never writes into ``.metadata``.
+
+    Nothing it names is imported and nothing is called: the refusal is the whole outcome.
+    """
+
+    cause: Cause = "refused pickle"
+
+
+class MalformedMetadata(MetadataProblem):
+    """The pickle is truncated or invalid, or its records do not have the shape DCP writes."""
+
+    cause: Cause = "malformed metadata"
+
+
+class MetadataTooLarge(MetadataProblem):
+    """``.metadata`` is larger than the bound: refused before a byte of it is read."""
+
+    cause: Cause = "too large"

@@ -1,0 +1,198 @@
+"""Whether a tensor's chunks tile its global shape exactly once: from offsets and sizes only.
+
+DCP loads a tensor by reading, for each element, the saved chunks that hold it
+(torch/distributed/checkpoint/planner_helpers.py ``create_read_items_for_chunk_list``): an
+element no chunk holds is never read (it keeps whatever the destination held), and one two chunks
+hold is read twice. The save planner checks this (default_planner.py ``_validate_global_plan``);
+the load trusts whatever ``.metadata`` says.
+
+The check is a signed corner count. A box ``[o, o + s)`` of the integer grid is the signed sum
+of the orthant indicators at its 2**d corners (+1 at an even number of upper coordinates, -1
+at an odd one), and orthant indicators at distinct corners are linearly independent. So the
+chunks' indicators sum to the shape's indicator -- every element covered exactly once -- if and
+only if the chunks' signed corners, minus the shape's, all cancel. That is O(n * 2**d)
+for n chunks in d sharded dimensions (dimensions every chunk spans whole are left out first),
+with no pairwise comparison. When they do not cancel, a prefix sum over the few corners left
+gives each element's count less one: the first element counted twice and the first counted
+never are named.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from dcp_invariant.inspect.problems import Problem
+from dcp_invariant.inspect.records import Shape
+
+# Corner updates one tensor may cost (chunks * 2**sharded dimensions); past it, the tensor is
+# reported unchecked. Real checkpoints shard a tensor along at most three dimensions: a million
+# chunks of a 2-D grid cost 4 million.
+MAX_CORNERS: Final = 1 << 22
+# Grid points inspect evaluates to place an overlap and a gap, once the corners do not cancel.
+MAX_GRID: Final = 1 << 20
+# Bad chunks of one tensor listed by index; the rest are counted.
+MAX_LISTED: Final = 3
+
+
+@dataclass(frozen=True)
+class Chunk:
+    offsets: Shape
+    sizes: Shape
+
+
+def check(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Problem]:
+    """Every way ``chunks`` fail to tile ``shape`` exactly once; empty when they do."""
+    if any(d < 0 for d in shape):
+        return [Problem("bad chunk", f"{name}: the global shape {shown(shape)} is negative")]
+    bad = _bad_chunks(name, shape, chunks)
+    if bad:
+        return bad
+    total = math.prod(shape)
+    # A dimension every chunk spans whole cannot hold a gap or an overlap of its own.
+    kept = [
+        i
+        for i, extent in enumerate(shape)
+        if any(c.offsets[i] != 0 or c.sizes[i] != extent for c in chunks)
+    ]
+    boxes = [
+        ([c.offsets[i] for i in kept], [c.sizes[i] for i in kept])
+        for c in chunks
+        if all(c.sizes)  # an empty chunk covers nothing
+    ]
+    covered = sum(math.prod(c.sizes) for c in chunks)
+    if total == 0:
+        return []  # every chunk inside an empty shape is empty
+    if len(boxes) << len(kept) > MAX_CORNERS:
+        return [
+            Problem(
+                "unchecked",
+                f"{name}: {len(boxes)} chunks sharded along {len(kept)} dimensions are more "
+                f"than the {MAX_CORNERS} corners inspect counts",
+            )
+        ]
+    weights: dict[tuple[int, ...], int] = {}
+    for offsets, sizes in boxes:
+        for corner, weight in _corners(offsets, sizes):
+            weights[corner] = weights.get(corner, 0) + weight
+    for corner, weight in _corners([0] * len(kept), [shape[i] for i in kept]):
+        weights[corner] = weights.get(corner, 0) - weight
+    left = {corner: weight for corner, weight in weights.items() if weight}
+    if not left:
+        return []
+    over, under = _witnesses(left)
+    problems = []
+    if over is not None:
+        point, count = _element(shape, kept, over[0]), over[1]
+        holders = [c for c in chunks if _holds(c, point)]
+        held_at = " and ".join(shown(c.offsets) for c in holders[:2])
+        problems.append(
+            Problem(
+                "overlap",
+                f"{name}: element {shown(point)} is in {1 + count} chunks (at offsets {held_at})",
+            )
+        )
+    if under is not None:
+        problems.append(_gap(name, covered, total, _element(shape, kept, under[0])))
+    if over is None and under is None:  # too many corners left to place: the volumes decide
+        corner = min(left)
+        if left[corner] > 0 or covered > total:
+            problems.append(
+                Problem("overlap", f"{name}: some element is in two chunks" + _held(covered, total))
+            )
+        if left[corner] < 0 or covered < total:
+            problems.append(_gap(name, covered, total, None))
+    return problems
+
+
+def _witnesses(
+    left: dict[tuple[int, ...], int],
+) -> tuple[tuple[tuple[int, ...], int] | None, tuple[tuple[int, ...], int] | None]:
+    """The first element covered too often and the first covered too little, with how far off.
+
+    The count of an element x, less 1 inside the shape, is the sum of the weights of the
+    corners at or below x, so it is constant between the coordinates of the corners left over:
+    a prefix sum over the grid they span gives it everywhere. (None, None) when that grid is
+    larger than :data:`MAX_GRID`.
+    """
+    axes = [sorted({corner[i] for corner in left}) for i in range(len(next(iter(left))))]
+    cells = math.prod(len(axis) for axis in axes)
+    if cells > MAX_GRID:
+        return None, None
+    strides = [math.prod(len(axis) for axis in axes[i + 1 :]) for i in range(len(axes))]
+    grid = [0] * cells
+    places = [{value: j for j, value in enumerate(axis)} for axis in axes]
+    for corner, weight in left.items():
+        grid[sum(places[i][v] * strides[i] for i, v in enumerate(corner))] += weight
+    for stride, axis in zip(strides, axes, strict=True):
+        for index in range(cells):
+            if (index // stride) % len(axis):
+                grid[index] += grid[index - stride]
+    over = next((i for i, v in enumerate(grid) if v > 0), None)
+    under = next((i for i, v in enumerate(grid) if v < 0), None)
+
+    def at(index: int | None) -> tuple[tuple[int, ...], int] | None:
+        if index is None:
+            return None
+        point = tuple(
+            axis[(index // stride) % len(axis)] for axis, stride in zip(axes, strides, strict=True)
+        )
+        return point, grid[index]
+
+    return at(over), at(under)
+
+
+def _element(shape: Shape, kept: list[int], corner: tuple[int, ...]) -> list[int]:
+    # A dimension left out is spanned whole by every chunk: its first element stands for all.
+    point = [0] * len(shape)
+    for i, value in zip(kept, corner, strict=True):
+        point[i] = value
+    return point
+
+
+def _held(covered: int, total: int) -> str:
+    return f" (the chunks hold {covered} elements of {total}, counting overlaps)"
+
+
+def _gap(name: str, covered: int, total: int, point: list[int] | None) -> Problem:
+    where = "some element" if point is None else f"element {shown(point)}"
+    return Problem("gap", f"{name}: {where} is in no chunk" + _held(covered, total))
+
+
+def _bad_chunks(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Problem]:
+    problems = []
+    for i, chunk in enumerate(chunks):
+        offsets, sizes = chunk.offsets, chunk.sizes
+        at = f"{name}: chunk {i} at offsets {shown(offsets)} of sizes {shown(sizes)}"
+        if len(offsets) != len(shape) or len(sizes) != len(shape):
+            problems.append(Problem("bad chunk", f"{at} does not have the {len(shape)} dims"))
+        elif any(v < 0 for v in (*offsets, *sizes)):
+            problems.append(Problem("bad chunk", f"{at} is negative"))
+        elif any(o + s > d for o, s, d in zip(offsets, sizes, shape, strict=True)):
+            problems.append(Problem("out of bounds", f"{at} lies outside {shown(shape)}"))
+    if len(problems) > MAX_LISTED:
+        more = len(problems) - MAX_LISTED
+        last = problems[MAX_LISTED - 1]
+        problems[MAX_LISTED - 1 :] = [
+            Problem(last.cause, f"{last.detail} (and {more} more bad chunks of {name})")
+        ]
+    return problems
+
+
+def _corners(offsets: list[int], sizes: list[int]) -> list[tuple[tuple[int, ...], int]]:
+    corners: list[tuple[tuple[int, ...], int]] = [((), 1)]
+    for low, size in zip(offsets, sizes, strict=True):
+        high = low + size
+        corners = [((*c, low), w) for c, w in corners] + [((*c, high), -w) for c, w in corners]
+    return corners
+
+
+def _holds(chunk: Chunk, point: list[int]) -> bool:
+    return all(o <= p < o + s for o, s, p in zip(chunk.offsets, chunk.sizes, point, strict=True))
+
+
+def shown(values: Sequence[int]) -> str:
+    """A shape or an offset as Python prints a tuple: ``(3, 0)``, ``(4,)``, ``()``."""
+    return "(" + ", ".join(map(str, values)) + ("," if len(values) == 1 else "") + ")"
