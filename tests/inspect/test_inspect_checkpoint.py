@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+from dcp_writer import TEST_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from inspect_data import (
@@ -22,7 +23,7 @@ from inspect_data import (
     with_chunks,
 )
 
-from dcp_invariant.inspect import inspect_checkpoint, records
+from dcp_invariant.inspect import inspect_checkpoint, metadata, records
 from dcp_invariant.inspect.errors import NotACheckpoint
 from dcp_invariant.inspect.problems import Cause
 
@@ -190,3 +191,21 @@ def test_any_damage_to_the_metadata_bytes_is_reported_never_raised(data: st.Data
         report = inspect_checkpoint(make_checkpoint(Path(work) / "ckpt", 2, bytes(raw)))
     assert report.sound == (report.problems == ())
     assert all(str(p).split(":")[0] in get_args(Cause) for p in report.problems)
+
+
+def test_a_checkpoint_torch_2_15_wrote_is_sound_and_its_strides_are_read(tmp_path: Path) -> None:
+    """torch 2.15 adds the strides to TensorProperties' pickled state: not a problem."""
+    raw = (TEST_DATA / "torch-2.15.0-ws2.metadata").read_bytes()
+    meta = metadata.parse(raw)
+    tensors = [
+        v for v in meta.state_dict_metadata.values() if isinstance(v, records.TensorStorageMetadata)
+    ]
+    assert tensors and all(t.properties.strides is not None for t in tensors)
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    (directory / ".metadata").write_bytes(raw)
+    for name, size in shard_sizes(meta).items():
+        with open(directory / name, "wb") as f:
+            f.truncate(size)
+    report = inspect_checkpoint(directory, world_size=4)
+    assert report.problems == (), report.problems
