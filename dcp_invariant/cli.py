@@ -159,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     in_job.add_argument("--timeout", type=float, default=None, help="seconds per collective")
     in_job.add_argument("--source-revision", help="40-hex revision of the code under test")
+    in_job.add_argument(
+        "--resume-from",
+        type=Path,
+        metavar="DIR",
+        help="a second launch at another node count: the first launch's --checkpoint-dir, "
+        "whose checkpoint this one loads and steps on from (launch with --max-restarts=0)",
+    )
     report = sub.add_parser(
         "github-report",
         help="write the GitHub job summary and step outputs for an artifact (always exits 0)",
@@ -231,6 +238,7 @@ def _in_job(args: argparse.Namespace) -> int:
         gloo_interface=args.gloo_interface,
         timeout=python_api.checked_timeout(args.timeout, "--timeout"),
         source_revision=python_api.source_revision_of(args.source_revision, "--source-revision"),
+        resume_from=args.resume_from,
     )
     # As `run` does: the fixture's module is found from the directory the job starts in.
     sys.path.insert(0, os.getcwd())

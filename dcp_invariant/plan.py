@@ -271,6 +271,9 @@ class Launch:
     nodes: int
     nproc_per_node: int
     backend: Backend
+    # A second launch at another world size resumes the first launch's checkpoint, saved at
+    # this world size; None: the launch checks its own saves.
+    resumed_from: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -281,6 +284,7 @@ class Launch:
             "backend": self.backend,
             "nodes": self.nodes,
             "nproc_per_node": self.nproc_per_node,
+            "resumed_from": self.resumed_from,
         }
 
 
@@ -312,10 +316,29 @@ def in_job_plan(
         )
     if launch.backend not in BACKENDS:
         raise PlanError(f"backend {launch.backend!r}: give one of {list(BACKENDS)}")
+    a = launch.resumed_from
+    if a is not None and (
+        not _positive_int(a) or a > MAX_IN_JOB_WORLD_SIZE or a == launch.world_size
+    ):
+        raise PlanError(
+            f"resumed from world size {a!r}: give the first launch's world size, another than "
+            f"this launch's {launch.world_size} (a resume at the same size is the first launch's)"
+        )
     for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
         if not _positive_int(steps) or steps > MAX_STEPS:
             raise PlanError(f"{what}: {steps!r}, expected an integer from 1 to {MAX_STEPS}")
     w, n = launch.world_size, steps_before
+    arguments = _fixture_args({} if fixture_args is None else fixture_args)
+    if a is not None:
+        resharded = Scenario(
+            f"reshard_{a}_to_{w}",
+            "reshard",
+            a,
+            w,
+            f"in a second torchrun job: the first job's step-{n} checkpoint, saved at {a} ranks, "
+            f"loaded at {w}: every key bit-identical, then {steps_after} steps",
+        )
+        return Plan("in_job", fixture, (w,), n, steps_after, (resharded,), arguments, (), launch)
     scenarios = (
         Scenario(
             f"resume_{w}",
@@ -335,7 +358,6 @@ def in_job_plan(
             async_mode="thread",
         ),
     )
-    arguments = _fixture_args({} if fixture_args is None else fixture_args)
     return Plan("in_job", fixture, (w,), n, steps_after, scenarios, arguments, (), launch)
 
 
@@ -536,13 +558,22 @@ def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
     if set(record) != keys:
         raise PlanError(f"plan: expected exactly the keys {sorted(keys)}")
     launch = record["launch"]
-    if not isinstance(launch, dict) or set(launch) != {"backend", "nodes", "nproc_per_node"}:
-        raise PlanError("plan: launch must hold exactly backend, nodes and nproc_per_node")
+    if not isinstance(launch, dict) or set(launch) != {
+        "backend",
+        "nodes",
+        "nproc_per_node",
+        "resumed_from",
+    }:
+        raise PlanError(
+            "plan: launch must hold exactly backend, nodes, nproc_per_node and resumed_from"
+        )
     if not isinstance(record["fixture_args"], dict):
         raise PlanError("plan: fixture_args must be an object")
     derived = in_job_plan(
         record["fixture"],
-        Launch(launch["nodes"], launch["nproc_per_node"], launch["backend"]),
+        Launch(
+            launch["nodes"], launch["nproc_per_node"], launch["backend"], launch["resumed_from"]
+        ),
         record["steps_before"],
         record["steps_after"],
         record["fixture_args"],

@@ -70,6 +70,7 @@ IN_JOB_SHAPE = checks.record(
             backend=checks.one_of(*plan.BACKENDS),
             nodes=checks.integer(1),
             nproc_per_node=checks.integer(1),
+            resumed_from=checks.optional(checks.integer(1)),
         ),
     ),
     schema_version=checks.one_of(schema.IN_JOB_SCHEMA_VERSION),

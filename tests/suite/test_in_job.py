@@ -71,10 +71,14 @@ def torchrun_job(
     namespaces: list[str] | None = None,
     endpoint_host: str = "127.0.0.1",
     interface: str = "lo",
+    name: str = "",
+    resume_from: Path | None = None,
 ) -> Iterator[Job]:
     """``nodes`` torchrun agents running ``in-job``; killed, sessions and all, at the end."""
     port = _free_port()
-    checkpoint, output = tmp / "ckpt", tmp / "evidence"
+    checkpoint, output = tmp / f"ckpt{name}", tmp / f"evidence{name}"
+    restarts = 1 if resume_from is None else 0
+    resuming = [] if resume_from is None else ["--resume-from", str(resume_from)]
     agents, logs = [], []
     for node in range(nodes):
         if namespaces is None:
@@ -91,12 +95,13 @@ def torchrun_job(
             *prefix, *launcher, f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint_host}:{port}",
             f"--rdzv-id=test-{port}", f"--rdzv-conf={RDZV_CONF},is_host={node == 0}".lower(),
-            "--max-restarts=1", "--monitor-interval=0.1", *local,
+            f"--max-restarts={restarts}", "--monitor-interval=0.1", *local,
             "-m", "dcp_invariant", "in-job", "--fixture", fixture,
             "--checkpoint-dir", str(checkpoint), "--output-dir", str(output),
             "--gloo-interface", interface, "--source-revision", REVISION, "--timeout", "60",
+            *resuming,
         ]  # fmt: skip
-        log = tmp / f"agent{node}.log"
+        log = tmp / f"agent{name}{node}.log"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS / "suite")])}
         with open(log, "w", encoding="utf-8") as sink:
             agents.append(
@@ -166,6 +171,7 @@ def test_a_correct_loop_passes_in_a_two_node_job(tmp_path: Path, nodes: int, npr
         "backend": "gloo",
         "nodes": nodes,
         "nproc_per_node": nproc,
+        "resumed_from": None,
     }
     # Every rank restarted once and loaded the committed generation.
     resume = canonical.loads((job.output / schema.observation_file(f"resume_{w}")).read_bytes())
@@ -174,6 +180,31 @@ def test_a_correct_loop_passes_in_a_two_node_job(tmp_path: Path, nodes: int, npr
     # No host names, addresses or ports in the evidence.
     evidence = b"".join(p.read_bytes() for p in job.output.rglob("*") if p.is_file())
     assert b"127.0.0.1" not in evidence and socket.gethostname().encode() not in evidence
+
+
+def test_a_second_launch_at_another_node_count_resumes_the_first(tmp_path: Path) -> None:
+    with torchrun_job(tmp_path, nodes=2, nproc=1, name="-first") as first:
+        assert first.wait() == [0, 0], first.log()
+    # One node of four processes, where the first job had two nodes of one.
+    with torchrun_job(
+        tmp_path, nodes=1, nproc=4, name="-second", resume_from=first.checkpoint
+    ) as second:
+        assert second.wait() == [0], second.log()
+    report = verify_artifact(second.output)
+    assert report.passed, report.problems
+    assert report.run_plan.names == ("reshard_2_to_4",)
+    provenance = canonical.loads((second.output / schema.PROVENANCE_FILE).read_bytes())
+    assert provenance["plan"]["launch"] == {
+        "backend": "gloo",
+        "nodes": 1,
+        "nproc_per_node": 4,
+        "resumed_from": 2,
+    }
+    name = schema.observation_file("reshard_2_to_4")
+    observed = canonical.loads((second.output / name).read_bytes())
+    # Every one of the four ranks loaded the first job's committed generation, key by key.
+    assert [r["rank"] for r in observed["target"]["ranks"]] == [0, 1, 2, 3]
+    assert all(r["loaded"] for r in observed["target"]["ranks"])
 
 
 def test_a_resume_bug_fails_the_job_naming_the_cause(tmp_path: Path) -> None:

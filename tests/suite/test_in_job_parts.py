@@ -36,7 +36,7 @@ def test_a_worker_reads_its_place_in_the_job() -> None:
 )
 def test_a_job_launched_otherwise_is_bad_input(change: dict[str, str], says: str) -> None:
     with pytest.raises(in_job.InJobError, match=says) as caught:
-        in_job.JobEnvironment.read({**TORCHRUN, **change})
+        in_job.JobEnvironment.read({**TORCHRUN, **change}).expect_one_restart()
     assert caught.value.exit_code == errors.EXIT_USAGE
     assert "\n" not in str(caught.value)
 
@@ -54,12 +54,41 @@ def test_the_launch_id_is_a_safe_file_name_part() -> None:
     assert in_job.run_id({}) == "none"
 
 
+def test_a_resumed_check_refuses_a_restart() -> None:
+    job = in_job.JobEnvironment.read({**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1"})
+    with pytest.raises(in_job.InJobError, match="makes no restart"):
+        job.expect_no_restart()
+
+
+def test_a_second_launch_finds_the_first_launchs_commit(tmp_path: Path) -> None:
+    with pytest.raises(in_job.InJobError, match="holds 0 committed first launches"):
+        in_job.first_launch(tmp_path)
+    committed = tmp_path / "resume_2" / in_job.STATE_DIR
+    committed.mkdir(parents=True)
+    (committed / in_job.COMMIT_FILE).write_text("{}", encoding="utf-8")
+    assert in_job.first_launch(tmp_path) == (2, tmp_path / "resume_2")
+
+
+def test_a_resumed_plan_is_one_reshard_from_the_first_launchs_world_size() -> None:
+    launch = plan.Launch(nodes=1, nproc_per_node=4, backend="gloo", resumed_from=2)
+    the_plan = plan.in_job_plan("pkg.mod:make_app", launch)
+    assert the_plan.names == ("reshard_2_to_4",)
+    assert plan.plan_from_record(the_plan.to_record()) == the_plan
+    with pytest.raises(plan.PlanError, match="another than this launch's 4"):
+        plan.in_job_plan("pkg.mod:make_app", plan.Launch(1, 4, "gloo", resumed_from=4))
+
+
 def test_the_plan_records_the_launch_and_reads_back() -> None:
     launch = plan.Launch(nodes=2, nproc_per_node=4, backend="nccl")
     the_plan = plan.in_job_plan("pkg.mod:make_app", launch, 5, 2, {"width": 8})
     assert the_plan.names == ("resume_8", "async_resume_8")
     record = the_plan.to_record()
-    assert record["launch"] == {"backend": "nccl", "nodes": 2, "nproc_per_node": 4}
+    assert record["launch"] == {
+        "backend": "nccl",
+        "nodes": 2,
+        "nproc_per_node": 4,
+        "resumed_from": None,
+    }
     assert plan.plan_from_record(record) == the_plan
     # A record whose scenarios its launch does not give is refused.
     with pytest.raises(plan.PlanError, match="are not the ones its launch gives"):

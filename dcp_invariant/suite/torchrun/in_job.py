@@ -16,6 +16,11 @@ own. Each scenario of :func:`dcp_invariant.plan.in_job_plan` works in its own di
   uninterrupted arm's, bit for bit. Rank 0 gathers every rank's records, judges them with the
   rules ``verify`` applies, and writes the artifact.
 
+With ``--resume-from`` (the first launch's ``--checkpoint-dir``), a second launch at another
+world size runs ``reshard_<a>_to_<W>`` instead, without a restart: its workers load the first
+launch's committed ``resume_<a>`` generation, every key must equal what its source rank saved
+(DTensors by global value), and K steps follow.
+
 The process group meets through a file under ``--checkpoint-dir`` (torch's ``FileStore``), not
 a TCP store: the only sockets are the backend's own, on the interface the user names
 (``GLOO_SOCKET_IFNAME``; loopback is no option across hosts).
@@ -62,6 +67,7 @@ class Options:
     gloo_interface: str | None
     timeout: float
     source_revision: str
+    resume_from: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -97,16 +103,25 @@ class JobEnvironment:
                 f"WORLD_SIZE {job.world_size} is not a multiple of LOCAL_WORLD_SIZE "
                 f"{job.local_world_size}: give every node the same --nproc-per-node"
             )
-        if job.max_restarts != 1:
+        return job
+
+    def expect_one_restart(self) -> None:
+        if self.max_restarts != 1:
             raise InJobError(
-                f"torchrun allows {job.max_restarts} restarts: launch it with --max-restarts=1, "
+                f"torchrun allows {self.max_restarts} restarts: launch it with --max-restarts=1, "
                 "the one restart the check makes"
             )
-        if job.restart_count > 1:
+        if self.restart_count > 1:
             raise InJobError(
-                f"this is torchrun's restart {job.restart_count}; the check makes exactly one"
+                f"this is torchrun's restart {self.restart_count}; the check makes exactly one"
             )
-        return job
+
+    def expect_no_restart(self) -> None:
+        if self.restart_count:
+            raise InJobError(
+                "torchrun restarted the workers of a resumed check, which makes no restart: "
+                "see the first attempt's log"
+            )
 
     @property
     def nodes(self) -> int:
@@ -131,8 +146,24 @@ def device_for(backend: plan.Backend, local_rank: int, cuda_devices: int) -> str
     return f"cuda:{local_rank}"
 
 
-def the_plan(options: Options, job: JobEnvironment) -> plan.Plan:
-    launch = plan.Launch(job.nodes, job.local_world_size, options.backend)
+def first_launch(resume_from: Path) -> tuple[int, Path]:
+    """The world size the first launch saved at, and its ``resume_<a>`` directory."""
+    found = sorted(
+        p
+        for p in resume_from.glob("resume_*")
+        if p.name.removeprefix("resume_").isdigit() and (p / STATE_DIR / COMMIT_FILE).is_file()
+    )
+    if len(found) != 1:
+        raise InJobError(
+            f"--resume-from {resume_from} holds {len(found)} committed first launches "
+            f"(resume_<W>/{STATE_DIR}/{COMMIT_FILE}); give the --checkpoint-dir of one "
+            "in-job launch that finished"
+        )
+    return int(found[0].name.removeprefix("resume_")), found[0]
+
+
+def the_plan(options: Options, job: JobEnvironment, resumed_from: int | None = None) -> plan.Plan:
+    launch = plan.Launch(job.nodes, job.local_world_size, options.backend, resumed_from)
     return plan.in_job_plan(
         options.fixture, launch, options.steps_before, options.steps_after, options.fixture_args
     )
@@ -144,7 +175,14 @@ def main(options: Options) -> int:
 
     worker.die_with_parent()  # an agent SIGKILLed takes its workers with it
     job = JobEnvironment.read(os.environ)
-    run_plan = the_plan(options, job)
+    source: Path | None = None
+    if options.resume_from is None:
+        job.expect_one_restart()
+        run_plan = the_plan(options, job)
+    else:
+        job.expect_no_restart()
+        resumed_from, source = first_launch(options.resume_from.resolve())
+        run_plan = the_plan(options, job, resumed_from)
     # Before any collective: bad input is found by every rank alike, and said once.
     fixture.load_fixture(options.fixture, options.fixture_args)
     root = options.checkpoint_dir.resolve()
@@ -170,8 +208,8 @@ def main(options: Options) -> int:
     import torch.distributed as dist
     from torch._C._distributed_c10d import FileStore
 
-    distribution = importlib.metadata.version("torch")
-    runtimes.require(distribution, str(torch.__version__))
+    distribution, runtime = importlib.metadata.version("torch"), str(torch.__version__)
+    runtimes.require(distribution, runtime)
     device = device_for(options.backend, job.local_rank, torch.cuda.device_count())
     if device != "cpu":
         torch.cuda.set_device(device)
@@ -186,10 +224,12 @@ def main(options: Options) -> int:
         timeout=timedelta(seconds=options.timeout),
     )
     try:
+        if source is not None:
+            return _resharded(root, source, run_plan, job, options, distribution, runtime)
         if job.restart_count == 0:
             _first_attempt(root, run_plan, job, options)
             return plan.ELASTIC_EXIT_CODE
-        return _after_restart(root, run_plan, job, options, distribution, str(torch.__version__))
+        return _after_restart(root, run_plan, job, options, distribution, runtime)
     finally:
         dist.destroy_process_group()
 
@@ -272,6 +312,51 @@ def _after_restart(
     return int(verdict[0])
 
 
+def _resharded(
+    root: Path,
+    source: Path,
+    run_plan: plan.Plan,
+    job: JobEnvironment,
+    options: Options,
+    distribution: str,
+    runtime: str,
+) -> int:
+    """A second launch: load the first launch's committed checkpoint at this world size."""
+    import torch.distributed as dist
+
+    [scenario] = run_plan.scenarios
+    workdir = root / scenario.name
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.chdir(workdir)
+    payload: FixtureResume = {
+        "compare_steps": False,
+        "fixture": options.fixture,
+        "fixture_args": dict(options.fixture_args),
+        "rank_local": [],
+        "reference": str(source / REFERENCE_SNAPSHOTS),
+        "source_world_size": scenario.source_world_size,
+        "steps_after": run_plan.steps_after,
+        "store": str(source / STORE_ROOT),
+    }
+    target = _task("fixture_resume", job, payload)
+    gathered: list[Any] = [None] * job.world_size if job.rank == 0 else []
+    dist.gather_object(target, gathered if job.rank == 0 else None, dst=0)
+    os.chdir(root)
+    verdict = [0]
+    if job.rank == 0:
+        committed = _read(source / STATE_DIR / COMMIT_FILE)
+        arms = [
+            _read(source / STATE_DIR / f"attempt0-rank{r}.json")
+            for r in range(scenario.source_world_size)
+        ]
+        observations = {
+            scenario.name: resharded_observation(scenario, run_plan, arms, gathered, committed)
+        }
+        verdict[0] = _write_artifact(observations, run_plan, options, distribution, runtime)
+    dist.broadcast_object_list(verdict, src=0)
+    return int(verdict[0])
+
+
 TaskResult = dict[str, Any]  # {"exit_code": 0 or 1, "record": the rank's report or None}
 
 
@@ -339,6 +424,41 @@ def observation(
         "target": target,
         "left_running": [],  # this program starts none: torchrun owns every process
         **fields,
+    }
+
+
+def resharded_observation(
+    scenario: plan.Scenario,
+    run_plan: plan.Plan,
+    arms: list[dict[str, Any]],
+    targets: list[TaskResult],
+    committed: dict[str, Any],
+) -> dict[str, Any]:
+    """``reshard_<a>_to_<W>`` as its driver gives it on one host (``run`` in
+    dcp_invariant/suite/scenarios/reshard.py). Its source is the first launch's uninterrupted
+    arm up to the save: the N steps and the state saved; the K steps that arm took after the
+    save were judged in the first launch's own artifact, so they are not the source's here."""
+    intern = Interner.replayed([(kind, digest) for kind, digest in committed["met"]])
+    source = group([arm["reference"] for arm in arms])
+    source["ranks"] = [{**rank, "steps": []} for rank in source["ranks"]]
+    target = group(targets)
+    target["ranks"] = [
+        {**r, "generation": intern("receipt", r["generation"])} for r in target["ranks"]
+    ]
+    return {
+        "errors": [],
+        "scenario": scenario.name,
+        "schema_version": _schema_version(run_plan),
+        "source_world_size": scenario.source_world_size,
+        "target_world_size": scenario.target_world_size,
+        "fixture": run_plan.fixture,
+        "steps_before_save": run_plan.steps_before,
+        "steps_after": run_plan.steps_after,
+        "source": source,
+        "commit": committed["commit"],
+        "target": target,
+        "left_out": [],
+        "left_running": [],
     }
 
 
