@@ -28,6 +28,7 @@ a TCP store: the only sockets are the backend's own, on the interface the user n
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import sys
@@ -260,11 +261,16 @@ def _first_attempt(root: Path, run_plan: plan.Plan, job: JobEnvironment, options
                 payload["timeout"] = options.timeout
             arms[arm] = _task("fixture_train", job, payload)
             dist.barrier()  # every rank's save has returned: its files are durable
+        store = CheckpointStore(workdir / STORE_ROOT)
         if job.rank == 0:
             interner = Interner()
-            record = commit(CheckpointStore(workdir / STORE_ROOT), label, interner)
-            done = {"commit": record, "met": interner.met}
+            record = commit(store, label, interner)
+            done = {"commit": record, "met": interner.met, "pointer": _digest(store)}
             durable.replace_file(workdir / STATE_DIR / COMMIT_FILE, canonical.dumps(done))
+        dist.barrier()
+        # Every rank must see the pointer rank 0 moved: a shared filesystem that shows one node
+        # an older pointer would have that node resume from another generation.
+        arms["pointer_seen"] = _digest(store) == _read(workdir / STATE_DIR / COMMIT_FILE)["pointer"]
         mine = workdir / STATE_DIR / f"attempt0-rank{job.rank}.json"
         durable.replace_file(mine, canonical.dumps(arms))
         dist.barrier()
@@ -375,6 +381,11 @@ def _task(name: str, job: JobEnvironment, payload: Any) -> TaskResult:
     return {"exit_code": 0, "record": reported[-1] if reported else None}
 
 
+def _digest(store: CheckpointStore) -> str | None:
+    raw = store.pointer_bytes()
+    return None if raw is None else hashlib.sha256(raw).hexdigest()
+
+
 def _read(path: Path) -> Any:
     try:
         return canonical.loads(regular_file.read(path, bound=durable.MAX_RECORD_BYTES))
@@ -409,8 +420,14 @@ def observation(
         {**r, "generation": intern("receipt", r["generation"])} for r in target["ranks"]
     ]
     fields: dict[str, Any] = {"save_mode": scenario.async_mode} if scenario.async_mode else {}
+    errors = [
+        f"rank {rank}: after the commit it read another pointer than the one rank 0 moved: "
+        "the shared filesystem does not show every node the same files"
+        for rank, g in enumerate(gathered)
+        if not g["arms"]["pointer_seen"]
+    ]
     return {
-        "errors": [],
+        "errors": errors,
         "scenario": scenario.name,
         "schema_version": _schema_version(run_plan),
         "source_world_size": scenario.source_world_size,
