@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -26,11 +27,17 @@ _TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
 # pytest imports every module before it filters by marker, and the integration job installs
 # pytest alone before `pytest -m live`: a module that needs a tool of the `test` extra at import
 # is left out where that tool is missing, instead of stopping the collection.
-collect_ignore = [
-    module
-    for module, needs in [("evidence/test_hostile.py", "hypothesis")]
-    if importlib.util.find_spec(needs) is None
-]
+_TESTS = Path(__file__).resolve().parent
+_IMPORTS_HYPOTHESIS = re.compile(r"^(?:from|import) hypothesis\b", re.MULTILINE)
+collect_ignore = (
+    []
+    if importlib.util.find_spec("hypothesis") is not None
+    else sorted(
+        str(path.relative_to(_TESTS))
+        for path in _TESTS.rglob("test_*.py")
+        if _IMPORTS_HYPOTHESIS.search(path.read_text(encoding="utf-8"))
+    )
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

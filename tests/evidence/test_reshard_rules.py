@@ -13,6 +13,7 @@ from artifact_data import DATA_ARTIFACT
 
 from dcp_invariant import canonical
 from dcp_invariant.evidence import diagnosis, observation, provenance, rules, schema
+from dcp_invariant.evidence.families import reshard_evidence
 
 FIXTURE_ARTIFACT = DATA_ARTIFACT.parent / "fixture-artifact"
 RUN_PLAN = provenance.recorded_plan(
@@ -162,3 +163,35 @@ def test_ranks_that_disagree_on_the_loss_after_a_reshard_are_not_a_failure() -> 
     obs["target"]["ranks"][1]["steps"][0]["loss"] = "0x1.0000000000000p-1"
 
     assert derive(GROW, obs) == []
+
+
+def _ranks(losses: list[list[str]], key: str) -> list[dict[str, Any]]:
+    if key == "losses_before":
+        return [{"rank": r, "losses_before": ls} for r, ls in enumerate(losses)]
+    return [
+        {"rank": r, "load_error": None, "loaded": {"k": ENTRY}, "steps": [{"loss": x} for x in ls]}
+        for r, ls in enumerate(losses)
+    ]
+
+
+ONE, TWO = "0x1.0000000000000p-1", "0x1.8000000000000p-1"
+
+
+def test_a_global_loss_before_the_save_must_stay_global_after_the_reshard() -> None:
+    source = _ranks([[ONE, TWO], [ONE, TWO]], "losses_before")
+    agreeing = _ranks([[ONE, TWO]] * 4, "steps")
+    drifting = _ranks([[ONE, TWO], [ONE, TWO], [ONE, ONE], [ONE, TWO]], "steps")
+
+    assert reshard_evidence.disagreement(source, agreeing, 2) == []
+    [reason] = reshard_evidence.disagreement(source, drifting, 2)
+    assert reason.startswith(f"{diagnosis.OUTSIDE_STATE_DICT}: the 2 ranks reported one loss")
+    assert "resumed step 2" in reason and "rank 2: 0.5" in reason
+
+
+def test_per_rank_losses_before_the_save_ask_nothing_of_the_ranks_after_it() -> None:
+    own = _ranks([[ONE, ONE], [TWO, TWO]], "losses_before")
+    drifting = _ranks([[ONE], [TWO]], "steps")
+
+    assert reshard_evidence.disagreement(own, drifting, 2) == []
+    # One source rank shows nothing about the loop: its loss is "global" trivially.
+    assert reshard_evidence.disagreement(own[:1], drifting, 1) == []

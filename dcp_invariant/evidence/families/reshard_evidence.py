@@ -3,7 +3,8 @@ bit-identical."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
@@ -82,8 +83,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     failed_loads = load_failures(target["ranks"], a, b, lambda r: f"rank {r} at world size {b}")
     if failed_loads:
         return reasons + failed_loads
-    # No rule here asks the ranks to agree with each other (on the loss, say): a rank's data and
-    # loss may be its own. What the whole group must do is load everything that was saved.
+    # A rank's data and loss may be its own, so ranks need not agree on the loss, unless the
+    # loop showed before the save that it reports one loss for all of them.
+    reasons += disagreement(obs["source"]["ranks"], target["ranks"], a)
+    # What the whole group must do is load everything that was saved.
     loaded_anywhere: set[str] = set()
     for rank in target["ranks"]:
         loaded_anywhere.update(rank["loaded"] or {})
@@ -99,6 +102,31 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
                 + " ".join(f"--rank-local {c}" for c in components)
             )
     return reasons + hints
+
+
+def disagreement(
+    source: Sequence[Mapping[str, Any]], target: Sequence[Mapping[str, Any]], a: int
+) -> list[str]:
+    """Ranks that reported the same loss at every step before the save (at least two of them:
+    the loop reports a global loss, all-reduced) must report the same loss at every step after
+    the reshard; where they did not before, nothing is asked of them."""
+    before = [tuple(r["losses_before"]) for r in source]
+    if a < 2 or len(before) != a or not before[0] or len(set(before)) != 1:
+        return []
+    loaded = [r for r in target if r.get("load_error") is None and r.get("loaded") is not None]
+    if len(loaded) < 2:
+        return []
+    for step in range(min(len(r["steps"]) for r in loaded)):
+        losses = {r["rank"]: r["steps"][step]["loss"] for r in loaded}
+        if len(set(losses.values())) > 1:
+            shown = ", ".join(f"rank {r}: {diagnosis.number(v)}" for r, v in losses.items())
+            return [
+                f"{diagnosis.OUTSIDE_STATE_DICT}: the {a} ranks reported one loss at every "
+                f"step before the save, yet after the reshard they differ at resumed step "
+                f"{step + 1} ({shown}): a rank's state that steers its step is not in "
+                "state_dict(), or does not reshard"
+            ]
+    return []
 
 
 def _without(keys: Mapping[str, str], components: set[str]) -> dict[str, str]:
