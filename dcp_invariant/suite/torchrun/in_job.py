@@ -412,13 +412,7 @@ def observation(
 ) -> dict[str, Any]:
     """The scenario's observation, in the shape its family's driver gives it on one host
     (``run`` in dcp_invariant/suite/scenarios/resume.py), so ``verify`` holds it to the same
-    rules. Digests are labelled in the order the driver meets them: the commit's, then each
-    loading rank's generation."""
-    intern = Interner.replayed([(kind, digest) for kind, digest in committed["met"]])
-    target = group([g["target"] for g in gathered])
-    target["ranks"] = [
-        {**r, "generation": intern("receipt", r["generation"])} for r in target["ranks"]
-    ]
+    rules."""
     fields: dict[str, Any] = {"save_mode": scenario.async_mode} if scenario.async_mode else {}
     errors = [
         f"rank {rank}: after the commit it read another pointer than the one rank 0 moved: "
@@ -427,19 +421,10 @@ def observation(
         if not g["arms"]["pointer_seen"]
     ]
     return {
+        **_common(scenario, run_plan, [g["target"] for g in gathered], committed),
         "errors": errors,
-        "scenario": scenario.name,
-        "schema_version": _schema_version(run_plan),
-        "source_world_size": scenario.source_world_size,
-        "target_world_size": scenario.target_world_size,
-        "fixture": run_plan.fixture,
-        "steps_before_save": run_plan.steps_before,
-        "steps_after": run_plan.steps_after,
         "reference": group([g["arms"]["reference"] for g in gathered]),
         "repeat": group([g["arms"]["repeat"] for g in gathered]),
-        "commit": committed["commit"],
-        "target": target,
-        "left_running": [],  # this program starts none: torchrun owns every process
         **fields,
     }
 
@@ -455,9 +440,24 @@ def resharded_observation(
     dcp_invariant/suite/scenarios/reshard.py). Its source is the first launch's uninterrupted
     arm up to the save: the N steps and the state saved; the K steps that arm took after the
     save were judged in the first launch's own artifact, so they are not the source's here."""
-    intern = Interner.replayed([(kind, digest) for kind, digest in committed["met"]])
     source = group([arm["reference"] for arm in arms])
     source["ranks"] = [{**rank, "steps": []} for rank in source["ranks"]]
+    return {
+        **_common(scenario, run_plan, targets, committed),
+        "source": source,
+        "left_out": [],
+    }
+
+
+def _common(
+    scenario: plan.Scenario,
+    run_plan: plan.Plan,
+    targets: list[TaskResult],
+    committed: dict[str, Any],
+) -> dict[str, Any]:
+    """The fields every in-job observation has; the loading ranks' generations labelled after
+    the commit's digests, in the order the driver on one host meets them."""
+    intern = Interner.replayed([(kind, digest) for kind, digest in committed["met"]])
     target = group(targets)
     target["ranks"] = [
         {**r, "generation": intern("receipt", r["generation"])} for r in target["ranks"]
@@ -471,11 +471,9 @@ def resharded_observation(
         "fixture": run_plan.fixture,
         "steps_before_save": run_plan.steps_before,
         "steps_after": run_plan.steps_after,
-        "source": source,
         "commit": committed["commit"],
         "target": target,
-        "left_out": [],
-        "left_running": [],
+        "left_running": [],  # this program starts none: torchrun owns every process
     }
 
 
