@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="NAME=VALUE",
-        help="with --fixture: a keyword argument for CALLABLE, VALUE as JSON (width=64, "
-        "name='\"tiny\"'; a VALUE that is not JSON is taken as a string); repeatable",
+        help="with --fixture: a keyword argument for CALLABLE, VALUE as JSON without floats "
+        "(width=64, name='\"tiny\"'; a VALUE that is not JSON is taken as a string); repeatable",
     )
     run.add_argument(
         "--rank-local",
@@ -504,6 +504,14 @@ def _fixture_args(given: list[str]) -> dict[str, Any]:
             arguments[name] = text  # a bare word: what the shell left of a quoted string
         except RecursionError:
             raise UsageError(f"--fixture-arg {name}: the value is nested too deeply") from None
+        except ValueError:
+            # Not a decoding error (caught above): CPython refuses to convert an integer of
+            # more digits than sys.get_int_max_str_digits() (4300 by default) from text.
+            raise UsageError(
+                f"--fixture-arg {name}: the value holds an integer of more digits than Python "
+                f"reads ({sys.get_int_max_str_digits()}); fixture arguments take integers of at "
+                f"most {canonical.MAX_INT_DIGITS} digits: pass a longer number as a string"
+            ) from None
     return arguments
 
 

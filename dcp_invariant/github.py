@@ -30,6 +30,10 @@ class ArtifactNameError(BadInput, ValueError):
     pass
 
 
+class UseNumberError(BadInput, ValueError):
+    """``--use`` is not a count of the action's uses in the job (1 for the first)."""
+
+
 def artifact_name(given: str, torch_version: str, env: Mapping[str, str], use: int = 1) -> str:
     """``given``, or a default unique per job of a matrix over runner, Python and torch, per
     attempt, and per use of the action in the job.
@@ -39,6 +43,12 @@ def artifact_name(given: str, torch_version: str, env: Mapping[str, str], use: i
     add ``-use<n>``. RUNNER_OS alone does not tell ubuntu-22.04 from ubuntu-24.04, or x64 from
     arm64: the architecture (RUNNER_ARCH) and the runner image (ImageOS) are part of the name.
     """
+    # Checked even when a name is given: a count below 1 is a caller's mistake either way.
+    if isinstance(use, bool) or not isinstance(use, int) or use < 1:
+        raise UseNumberError(
+            f"--use {use!r}: which use of the action in the job this is, counted from 1 (the "
+            "action's venv step gives it): pass 1 or more"
+        )
     if given:
         bad = sorted(set(_BAD_NAME_CHARS.findall(given)))
         if bad or len(given) > 200:

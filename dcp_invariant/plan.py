@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import keyword
-import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from dcp_invariant import canonical
 from dcp_invariant.errors import BadInput
 
 Family = Literal[
@@ -179,12 +180,21 @@ DEFAULT_TIMEOUT = 180.0
 MAX_TIMEOUT = 86400.0
 _IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 FIXTURE_SPEC = re.compile(rf"{_IDENTIFIERS}:{_IDENTIFIERS}")
+# No importable module has a longer name: each dotted part is a file or directory name (at most
+# 255 bytes), and past a few parts the path to it outgrows what the OS opens (PATH_MAX, 4096 on
+# Linux), which fails the worker's import with an OSError instead of a missing module.
+MAX_FIXTURE_SPEC_CHARS = 1024
 # A component is a top-level key of the app's state_dict(); recorded keys are "app.<component>...".
 COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 # The fixture is called as CALLABLE(rank, world_size, **fixture_args).
 RESERVED_ARGUMENTS = ("rank", "world_size")
 MAX_FIXTURE_ARGS = 32
 MAX_FIXTURE_ARGS_BYTES = 4096
+# The plan is recorded in provenance.json, whose canonical JSON holds no floats and no integer
+# of more than canonical.MAX_INT_DIGITS digits, nested at most canonical.MAX_DEPTH levels in all
+# (the record, its plan and fixture_args are three of them): an argument past these would fail
+# the run when the artifact is written, or make its artifact one that verify refuses.
+MAX_FIXTURE_ARG_DEPTH = 32
 # "in_job": the user's own torchrun job runs the checks at its world size, across nodes
 # (dcp_invariant/suite/torchrun/in_job.py).
 PlanKind = Literal["registered", "fixture", "in_job"]
@@ -301,10 +311,7 @@ def in_job_plan(
     """The checks a torchrun job runs on itself at its own world size W: resume_W (dcp.save)
     and async_resume_W (dcp.async_save, thread mode), each across torchrun's restart of every
     worker on every node."""
-    if not isinstance(fixture, str) or not FIXTURE_SPEC.fullmatch(fixture):
-        raise PlanError(
-            f"fixture {fixture!r} is not MODULE:CALLABLE (e.g. my_trainer.checks:make_app)"
-        )
+    _check_fixture_spec(fixture)
     if (
         not _positive_int(launch.nodes)
         or not _positive_int(launch.nproc_per_node)
@@ -326,7 +333,9 @@ def in_job_plan(
         )
     for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
         if not _positive_int(steps) or steps > MAX_STEPS:
-            raise PlanError(f"{what}: {steps!r}, expected an integer from 1 to {MAX_STEPS}")
+            raise PlanError(
+                f"{what}: {shown_value(steps)}, expected an integer from 1 to {MAX_STEPS}"
+            )
     w, n = launch.world_size, steps_before
     arguments = _fixture_args({} if fixture_args is None else fixture_args)
     if a is not None:
@@ -370,10 +379,7 @@ def fixture_plan(
     rank_local: Sequence[str] = (),
 ) -> Plan:
     """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar."""
-    if not isinstance(fixture, str) or not FIXTURE_SPEC.fullmatch(fixture):
-        raise PlanError(
-            f"fixture {fixture!r} is not MODULE:CALLABLE (e.g. my_trainer.checks:make_app)"
-        )
+    _check_fixture_spec(fixture)
     sizes = tuple(world_sizes)
     if (
         not sizes
@@ -381,12 +387,15 @@ def fixture_plan(
         or len(set(sizes)) != len(sizes)
     ):
         raise PlanError(
-            f"world sizes {list(sizes)}: give distinct integers from 1 to {MAX_WORLD_SIZE}, "
+            f"world sizes {shown_value(list(sizes), 200)}: give distinct integers from 1 to "
+            f"{MAX_WORLD_SIZE}, "
             "e.g. 1,2"
         )
     for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
         if not _positive_int(steps) or steps > MAX_STEPS:
-            raise PlanError(f"{what}: {steps!r}, expected an integer from 1 to {MAX_STEPS}")
+            raise PlanError(
+                f"{what}: {shown_value(steps)}, expected an integer from 1 to {MAX_STEPS}"
+            )
     sizes = tuple(sorted(sizes))
     n, k = steps_before, steps_after
     arguments = _fixture_args({} if fixture_args is None else fixture_args)
@@ -452,6 +461,35 @@ def fixture_plan(
     return Plan("fixture", fixture, sizes, n, k, tuple(scenarios), arguments, local)
 
 
+def shown_value(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` on one line of at most ``limit`` characters, for a message: the Python
+    API passes values of any size, and an integer of more digits than
+    ``sys.get_int_max_str_digits()`` cannot be converted to text at all (ValueError)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        digits = f"more than {sys.get_int_max_str_digits()} digits"
+        if isinstance(value, int):
+            return f"an integer of {digits}"
+        return f"a {type(value).__name__} holding an integer of {digits}"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _check_fixture_spec(fixture: Any) -> None:
+    if isinstance(fixture, str) and len(fixture) > MAX_FIXTURE_SPEC_CHARS:
+        # Named by its start and length: the whole of it would fill the terminal.
+        raise PlanError(
+            f"fixture {fixture[:40]!r}... is {len(fixture)} characters long, more than a module "
+            f"and callable can be named with ({MAX_FIXTURE_SPEC_CHARS}): give MODULE:CALLABLE "
+            "of an importable module"
+        )
+    if not isinstance(fixture, str) or not FIXTURE_SPEC.fullmatch(fixture):
+        raise PlanError(
+            f"fixture {fixture!r} is not MODULE:CALLABLE (e.g. my_trainer.checks:make_app)"
+        )
+
+
 def _fixture_args(given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     if not isinstance(given, Mapping) or len(given) > MAX_FIXTURE_ARGS:
         raise PlanError(f"fixture arguments: give at most {MAX_FIXTURE_ARGS} NAME=VALUE pairs")
@@ -465,27 +503,58 @@ def _fixture_args(given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
                 f"fixture argument {name}: the tool passes rank and world_size itself; "
                 "choose another name"
             )
-        if not _plain_json(value):
-            raise PlanError(
-                f"fixture argument {name}: the value must be JSON (a number, string, true/false, "
-                "null, list or object), e.g. width=64 or name='\"tiny\"'"
-            )
+        problem = _unrecordable(name, value)
+        if problem is not None:
+            raise PlanError(f"fixture argument {name}: the value must be JSON {problem}")
     if len(json.dumps(dict(given), sort_keys=True)) > MAX_FIXTURE_ARGS_BYTES:
         raise PlanError(f"fixture arguments: more than {MAX_FIXTURE_ARGS_BYTES} bytes of JSON")
     return tuple(sorted(given.items()))
 
 
-def _plain_json(value: Any) -> bool:
-    """Values JSON round-trips exactly: what the plan records is what the fixture got."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return True
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, list):
-        return all(_plain_json(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain_json(v) for k, v in value.items())
-    return False
+def _unrecordable(name: str, value: Any) -> str | None:
+    """Why the evidence cannot record ``value`` exactly, or None: what the plan records must be
+    what the fixture got, in canonical JSON (:mod:`dcp_invariant.canonical`).
+
+    Level by level, without recursion, so no nesting can exhaust the stack; integers are bounded
+    by comparison, as converting one of thousands of digits to text is what fails.
+    """
+    level, depth = [value], 0
+    while level:
+        deeper: list[Any] = []
+        containers = False
+        for item in level:
+            if item is None or isinstance(item, (bool, str)):
+                continue
+            if isinstance(item, int):
+                if abs(item) >= _INT_BOUND:
+                    return (
+                        f"with integers of at most {canonical.MAX_INT_DIGITS} digits, the most "
+                        "the evidence records: pass a longer number as a string"
+                    )
+                continue
+            if isinstance(item, float):
+                return (
+                    f"without floats ({item!r} is one), which the evidence does not record: pass "
+                    f"it as a string ({name}='\"{item!r}\"') and convert it in the fixture"
+                )
+            if isinstance(item, list):
+                deeper += item
+            elif isinstance(item, dict) and all(isinstance(k, str) for k in item):
+                deeper += item.values()
+            else:
+                return (
+                    "(a number, string, true/false, null, list or object), e.g. width=64 or "
+                    "name='\"tiny\"'"
+                )
+            containers = True
+        depth += containers
+        if depth > MAX_FIXTURE_ARG_DEPTH:
+            return f"nested at most {MAX_FIXTURE_ARG_DEPTH} levels deep"
+        level = deeper
+    return None
+
+
+_INT_BOUND = 10**canonical.MAX_INT_DIGITS
 
 
 def _rank_local(given: Sequence[str]) -> tuple[str, ...]:

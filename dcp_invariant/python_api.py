@@ -8,6 +8,7 @@ cheap as the verifier needs it to be. The suite is imported when a check runs.
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 import os
 import shutil
@@ -91,19 +92,37 @@ def check(
     directory, named in the report. Bad input raises :class:`~dcp_invariant.BadInput` (one line:
     the problem and the fix) before anything runs or is written.
     """
-    spec = fixture_spec(fixture)
-    run = plan.fixture_plan(
-        spec,
-        _sizes(world_sizes),
-        steps_before,
-        steps_after,
-        fixture_args,
-        _names(rank_local),
+    # Every argument's type first, so a wrong one is named as such, before anything is imported,
+    # asked of git or written (and never reaches the code below as a TypeError).
+    sizes = _sizes(world_sizes)
+    for name, steps in (("steps_before", steps_before), ("steps_after", steps_after)):
+        _require(name, steps, "an int", isinstance(steps, int) and not isinstance(steps, bool))
+    target = _output_dir(output_dir)
+    _require(
+        "timeout",
+        timeout,
+        "a number of seconds or None",
+        timeout is None or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)),
     )
+    _require(
+        "fixture_args",
+        fixture_args,
+        "a mapping of names to JSON values, or None",
+        fixture_args is None or isinstance(fixture_args, Mapping),
+    )
+    names = _names(rank_local)
+    _require(
+        "source_revision",
+        source_revision,
+        "a 40-character hex string or None",
+        source_revision is None or isinstance(source_revision, str),
+    )
+    spec = fixture_spec(fixture)
+    run = plan.fixture_plan(spec, sizes, steps_before, steps_after, fixture_args, names)
     seconds = checked_timeout(timeout)
     revision = source_revision_of(source_revision)
-    if output_dir is not None:
-        return run_plan(run, Path(output_dir), timeout=seconds, revision=revision)
+    if target is not None:
+        return run_plan(run, target, timeout=seconds, revision=revision)
     home = Path(tempfile.mkdtemp(prefix="dcp-invariant-"))
     try:
         return run_plan(run, home / "evidence", timeout=seconds, revision=revision)
@@ -216,16 +235,73 @@ def fixture_spec(fixture: str | Callable[..., Any]) -> str:
     return f"{module}:{qualname}"
 
 
+def _require(name: str, value: object, expected: str, holds: bool) -> None:
+    """Refuse ``value`` for the argument ``name`` unless ``holds``, naming the type expected."""
+    if not holds:
+        raise CheckInputError(
+            f"{name} must be {expected}, got {type(value).__name__} {plan.shown_value(value)}"
+        )
+
+
 def _sizes(world_sizes: Iterable[int]) -> tuple[int, ...]:
     if isinstance(world_sizes, (str, bytes)):
         raise CheckInputError(f"world sizes {world_sizes!r}: give integers, e.g. (1, 2)")
-    return tuple(world_sizes)
+    _require(
+        "world_sizes",
+        world_sizes,
+        "an iterable of ints, e.g. (1, 2)",
+        isinstance(world_sizes, Iterable),
+    )
+    # One more than the plan allows is enough to refuse: an endless iterator is not read to
+    # its end.
+    sizes = tuple(itertools.islice(world_sizes, plan.MAX_WORLD_SIZE + 1))
+    for size in sizes:
+        _require(
+            "world_sizes",
+            size,
+            "made of ints, e.g. (1, 2)",
+            isinstance(size, int) and not isinstance(size, bool),
+        )
+    return sizes
 
 
 def _names(rank_local: Sequence[str]) -> tuple[str, ...]:
     if isinstance(rank_local, str):  # "data" would otherwise be four components
         return (rank_local,)
-    return tuple(rank_local)
+    _require(
+        "rank_local",
+        rank_local,
+        "a str or a sequence of str (top-level keys of state_dict())",
+        isinstance(rank_local, Iterable),
+    )
+    names = tuple(rank_local)
+    for name in names:
+        _require(
+            "rank_local",
+            name,
+            "made of str (top-level keys of state_dict())",
+            isinstance(name, str),
+        )
+    return names
+
+
+def _output_dir(output_dir: str | os.PathLike[str] | None) -> Path | None:
+    if output_dir is None:
+        return None
+    _require(
+        "output_dir",
+        output_dir,
+        "a str or os.PathLike path, or None",
+        isinstance(output_dir, (str, os.PathLike)),
+    )
+    path = os.fspath(output_dir)
+    _require("output_dir", output_dir, "a str path (not bytes)", isinstance(path, str))
+    if "\0" in path:
+        raise CheckInputError(
+            f"output_dir {plan.shown_value(path)} holds a NUL character, which no file name can: "
+            "pass the directory's real path"
+        )
+    return Path(path)
 
 
 def checked_timeout(timeout: float | None, name: str = "timeout") -> float:
@@ -233,14 +309,17 @@ def checked_timeout(timeout: float | None, name: str = "timeout") -> float:
     name in the message (the CLI's flag)."""
     if timeout is None:
         return plan.DEFAULT_TIMEOUT
+    # The range before math.isfinite: comparing an int is exact, converting a huge one to float
+    # raises OverflowError. NaN fails every comparison, so the range refuses it too.
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
-        or not math.isfinite(timeout)
         or not 0 < timeout <= plan.MAX_TIMEOUT
+        or not math.isfinite(timeout)
     ):
         raise CheckInputError(
-            f"{name} must be a number of seconds from 0 to {plan.MAX_TIMEOUT:g}, got {timeout}"
+            f"{name} must be a number of seconds from 0 to {plan.MAX_TIMEOUT:g}, got "
+            f"{plan.shown_value(timeout)}"
         )
     return float(timeout)
 

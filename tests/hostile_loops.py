@@ -1,12 +1,13 @@
-"""Loops that do what a user's code may do behind the tool's back: leave processes running,
-change the working directory. Each is the example's correct loop otherwise, so any failure is
-the tool's."""
+"""Loops that do what a user's code may do behind the tool's back: leave processes or threads
+running, change the working directory. Each is the example's correct loop otherwise, so any
+failure is the tool's."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,9 @@ from mlp_fixture import App
 
 # Far longer than any test waits: a run that waited for these would time the test out.
 SLEEP = "600"
+# What LeavesThreads starts, and the event its threads wait for, which is never set.
+THREADS = 50
+NEVER = threading.Event()
 
 
 class LeavesADaemon(App):
@@ -48,6 +52,18 @@ class DoubleForks(App):
         return loss
 
 
+class LeavesThreads(App):
+    """Starts ``THREADS`` threads that are not daemons and never end, in its first step, and
+    returns at once: the step is done, but the worker cannot exit."""
+
+    def step(self) -> float:
+        loss: float = super().step()
+        if self.cursor == 1:
+            for i in range(THREADS):
+                threading.Thread(target=NEVER.wait, name=f"never-ending-{i}").start()
+        return loss
+
+
 class ChangesDirectory(App):
     """Moves into ``$HOSTILE_CHDIR`` in its constructor and at every step."""
 
@@ -71,6 +87,10 @@ def leaves_a_daemon(rank: int, world_size: int) -> App:
 
 def double_forks(rank: int, world_size: int) -> App:
     return DoubleForks(rank, world_size)
+
+
+def leaves_threads(rank: int, world_size: int) -> App:
+    return LeavesThreads(rank, world_size)
 
 
 def changes_directory(rank: int, world_size: int) -> App:

@@ -538,6 +538,59 @@ def test_a_fixture_arg_value_is_json_or_else_a_string(given: str, value: Any) ->
     assert cli._run_plan(args).arguments == {"x": value}
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["--fixture", "m:f", "--fixture-arg", "a=" + "1" * 5000],
+            "--fixture-arg a: the value holds an integer of more digits than Python reads "
+            f"({sys.get_int_max_str_digits()}); fixture arguments take integers of at most 20 "
+            "digits: pass a longer number as a string",
+        ),
+        (
+            ["--fixture", "m:f", "--fixture-arg", "a=" + "9" * 21],
+            "fixture argument a: the value must be JSON with integers of at most 20 digits",
+        ),
+        (
+            ["--fixture", "m:f", "--fixture-arg", "lr=0.1"],
+            "fixture argument lr: the value must be JSON without floats (0.1 is one), which the "
+            "evidence does not record: pass it as a string (lr='\"0.1\"')",
+        ),
+        (
+            ["--fixture", "m:f", "--fixture-arg", "a=" + "[" * 33 + "]" * 33],
+            "fixture argument a: the value must be JSON nested at most 32 levels deep",
+        ),
+        (
+            ["--fixture", "m" * 5000 + ":f"],
+            f"fixture {'m' * 40!r}... is 5002 characters long, more than a module and callable "
+            "can be named with (1024): give MODULE:CALLABLE of an importable module",
+        ),
+    ],
+    ids=["5000 digits", "21 digits", "float", "33 deep", "5000-character module"],
+)
+def test_run_refuses_what_the_evidence_cannot_record_in_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    """Each was a traceback, a crash when the artifact was written, or an artifact verify
+    refuses; each is now refused before anything starts."""
+    code = cli.main(
+        ["run", "--output-dir", str(tmp_path / "out"), "--source-revision", REVISION, *arguments]
+    )
+    assert code == errors.EXIT_USAGE
+    line = usage_error(capsys)
+    assert message in line
+    assert len(line) < 400  # the value is named, not echoed whole
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fixture_name_at_the_bound_is_taken_and_one_character_more_is_refused() -> None:
+    """At the bound the name is left to the import to judge, as before the bound existed."""
+    spec = "m" * (plan.MAX_FIXTURE_SPEC_CHARS - 2) + ":f"
+    assert plan.fixture_plan(spec).fixture == spec
+    with pytest.raises(plan.PlanError, match="1025 characters long"):
+        plan.fixture_plan("m" + spec)
+
+
 def test_run_accepts_an_empty_output_dir_and_refuses_a_non_empty_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

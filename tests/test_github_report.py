@@ -174,6 +174,42 @@ def test_the_cli_refuses_a_bad_artifact_name_before_writing(
     assert not output.exists()
 
 
+@pytest.mark.parametrize("use", ["-1", "0"])
+def test_the_cli_refuses_a_use_below_1_before_writing(
+    data_artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], use: str
+) -> None:
+    """The action counts its uses in a job from 1; -1 was taken and gave the first use's name,
+    which the upload then refuses as taken."""
+    output, summary = tmp_path / "output", tmp_path / "summary.md"
+    code = cli.main(
+        [
+            "github-report",
+            "--artifact-dir",
+            str(data_artifact),
+            "--use",
+            use,
+            "--output-file",
+            str(output),
+            "--summary-file",
+            str(summary),
+        ]
+    )
+    assert code == errors.EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"dcp-invariant: error: --use {use}: which use of the action in the job this is, counted "
+        "from 1 (the action's venv step gives it): pass 1 or more\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("use", [0, -1, True, "2"])
+def test_artifact_name_refuses_a_use_that_is_not_a_count(use: object) -> None:
+    with pytest.raises(github.UseNumberError, match="pass 1 or more"):
+        github.artifact_name("mine", "2.13.0", {}, use=use)  # type: ignore[arg-type]
+
+
 def test_the_report_reads_but_never_changes_the_artifact(
     data_artifact: Path, tmp_path: Path
 ) -> None:

@@ -4,7 +4,9 @@ and words its diagnoses. tests/suite/test_python_api_live.py runs it for real.""
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 import dcp_invariant
-from dcp_invariant import BadInput, Diagnosis, Report, ScenarioResult, python_api
+from dcp_invariant import BadInput, Diagnosis, Report, ScenarioResult, plan, python_api
 from dcp_invariant.evidence import diagnosis
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -92,6 +94,112 @@ def test_bad_input_raises_before_anything_is_written(
     assert "\n" not in str(caught.value)
     assert not output.exists()
     assert sorted(os.listdir(os.environ["TMPDIR"])) == before
+
+
+ITERABLE_OF_INTS = "world_sizes must be an iterable of ints, e.g. (1, 2), got"
+MADE_OF_INTS = "world_sizes must be made of ints, e.g. (1, 2), got"
+SEQUENCE_OF_STR = "rank_local must be a str or a sequence of str (top-level keys of state_dict())"
+MADE_OF_STR = "rank_local must be made of str (top-level keys of state_dict()), got"
+INT_DIGITS = sys.get_int_max_str_digits()
+PATH = "output_dir must be a str or os.PathLike path, or None, got"
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        pytest.param({"world_sizes": 5}, f"{ITERABLE_OF_INTS} int 5", id="world_sizes int"),
+        pytest.param({"world_sizes": None}, f"{ITERABLE_OF_INTS} NoneType None", id="sizes None"),
+        pytest.param({"world_sizes": [1, "2"]}, f"{MADE_OF_INTS} str '2'", id="sizes str"),
+        pytest.param({"world_sizes": [1, 2.0]}, f"{MADE_OF_INTS} float 2.0", id="sizes float"),
+        # Endless: read no further than one past the most the plan takes.
+        pytest.param(
+            {"world_sizes": itertools.count(1)},
+            "world sizes [1, 2, 3, 4, 5, 6, 7, 8, 9]: give distinct integers from 1 to 8",
+            id="sizes endless",
+        ),
+        pytest.param({"steps_before": "3"}, "steps_before must be an int, got str '3'", id="n"),
+        pytest.param({"steps_after": 2.0}, "steps_after must be an int, got float 2.0", id="k"),
+        pytest.param(
+            {"steps_after": True}, "steps_after must be an int, got bool True", id="k bool"
+        ),
+        pytest.param({"output_dir": 123}, f"{PATH} int 123", id="output_dir int"),
+        pytest.param({"output_dir": b"out"}, f"{PATH} bytes b'out'", id="output_dir bytes"),
+        pytest.param(
+            {"output_dir": "ev\0idence"},
+            "output_dir 'ev\\x00idence' holds a NUL character, which no file name can",
+            id="output_dir NUL",
+        ),
+        pytest.param(
+            {"timeout": "60"}, "timeout must be a number of seconds or None, got str '60'", id="t"
+        ),
+        pytest.param(
+            {"fixture_args": [("width", 64)]},
+            "fixture_args must be a mapping of names to JSON values, or None, got list",
+            id="fixture_args list",
+        ),
+        pytest.param(
+            {"fixture_args": {"width": 10**5000}},
+            "fixture argument width: the value must be JSON with integers of at most 20 digits",
+            id="fixture_args 5000 digits",
+        ),
+        pytest.param(
+            {"fixture_args": {"lr": 0.1}},
+            "fixture argument lr: the value must be JSON without floats (0.1 is one)",
+            id="fixture_args float",
+        ),
+        # Integers Python cannot even convert to text are described, not shown.
+        pytest.param(
+            {"world_sizes": [10**5000]},
+            f"world sizes a list holding an integer of more than {INT_DIGITS} digits: give",
+            id="sizes 5000 digits",
+        ),
+        pytest.param(
+            {"steps_before": 10**5000},
+            f"steps before the save: an integer of more than {INT_DIGITS} digits, expected",
+            id="n 5000 digits",
+        ),
+        pytest.param(
+            {"timeout": 10**5000},
+            f"timeout must be a number of seconds from 0 to 86400, got an integer of more than "
+            f"{INT_DIGITS} digits",
+            id="timeout 5000 digits",
+        ),
+        pytest.param({"rank_local": 5}, f"{SEQUENCE_OF_STR}, got int 5", id="rank_local int"),
+        pytest.param({"rank_local": ["data", 1]}, f"{MADE_OF_STR} int 1", id="rank_local list"),
+        pytest.param(
+            {"source_revision": 5},
+            "source_revision must be a 40-character hex string or None, got int 5",
+            id="source_revision int",
+        ),
+    ],
+)
+def test_an_argument_of_the_wrong_type_is_bad_input_naming_it(
+    tmp_path: Path, options: dict[str, Any], says: str
+) -> None:
+    """Each was a TypeError or ValueError from deep inside (or, for the endless iterator, a
+    hang); each is one line naming the argument and what it takes, before anything runs."""
+    before = sorted(os.listdir(os.environ["TMPDIR"]))
+    arguments = {"output_dir": tmp_path / "evidence", "source_revision": REVISION, **options}
+    with pytest.raises(BadInput) as caught:
+        dcp_invariant.check(module_level, **arguments)
+    # The API's own error for an argument, or the plan's for a value outside its grammar.
+    assert isinstance(caught.value, (python_api.CheckInputError, plan.PlanError))
+    assert says in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+    assert sorted(os.listdir(os.environ["TMPDIR"])) == before
+
+
+def test_a_wrong_type_is_named_before_git_is_asked_for_the_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside a checkout, with no revision given, the revision cannot be found; the wrong
+    type is what the message names, as it is checked first."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GITHUB_SHA", raising=False)
+    with pytest.raises(python_api.CheckInputError, match=f"^{PATH} int 123$"):
+        dcp_invariant.check(module_level, output_dir=123)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_non_empty_output_directory_is_refused_and_left_as_it_was(tmp_path: Path) -> None:

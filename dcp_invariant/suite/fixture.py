@@ -149,7 +149,13 @@ def _src_layout(top: str) -> str | None:
     searched = {os.path.realpath(p) for p in sys.path if p}
     if os.path.realpath(src) in searched:
         return None  # PYTHONPATH=src is given already: something else is wrong
-    if (src / top).is_dir() or (src / f"{top}.py").is_file():
+    try:
+        under_src = (src / top).is_dir() or (src / f"{top}.py").is_file()
+    except OSError:
+        # A name longer than a file name can be (ENAMETOOLONG): nothing under src/ has it, and
+        # the message this hint is for must still be given.
+        under_src = False
+    if under_src:
         return f"{top} is under src/: run with PYTHONPATH=src (or install the project)"
     return None
 

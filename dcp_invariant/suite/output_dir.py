@@ -10,6 +10,7 @@ artifact or a whole one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import sys
@@ -19,12 +20,20 @@ from typing import IO
 
 from dcp_invariant.errors import BadInput
 from dcp_invariant.evidence import schema
-from dcp_invariant.suite.workspace import check_free, environment_problem, lock_exclusive
+from dcp_invariant.suite.workspace import (
+    EnvironmentProblem,
+    check_free,
+    environment_problem,
+    lock_exclusive,
+)
 
 # The staging directory is ".<name>." plus 8 random characters; the lock ".<name>.lock".
 STAGING_EXTRA = 10
 NAME_MAX = 255
 MIN_FREE_BYTES = 16 << 20
+# The fix for a parent that cannot take the artifact: the parent is the user's choice, not the
+# temp directory's.
+OTHER_DIR = "choose another --output-dir"
 
 
 class OutputDirError(BadInput):
@@ -39,8 +48,8 @@ class Reservation:
         parent = target.parent
         check_target(target)
         try:
-            check_free(parent, "the output directory's parent", MIN_FREE_BYTES)
-        except Exception as exc:
+            check_free(parent, "the output directory's parent", MIN_FREE_BYTES, fix=OTHER_DIR)
+        except EnvironmentProblem as exc:
             raise OutputDirError(str(exc)) from exc
         self._lock_path = parent / f".{target.name}.lock"
         try:
@@ -52,12 +61,12 @@ class Reservation:
                 "--output-dir"
             ) from exc
         except OSError as exc:
-            raise OutputDirError(str(environment_problem(exc, f"{parent}"))) from exc
+            raise OutputDirError(str(environment_problem(exc, f"{parent}", OTHER_DIR))) from exc
         try:
             self.stage: Path | None = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
         except OSError as exc:
             self.release()
-            raise OutputDirError(str(environment_problem(exc, f"{parent}"))) from exc
+            raise OutputDirError(str(environment_problem(exc, f"{parent}", OTHER_DIR))) from exc
 
     def fill(self, files: dict[str, bytes]) -> None:
         """Write ``files`` into the stage and rename it to the target, which must still be free."""
@@ -91,6 +100,41 @@ class Reservation:
 def check_target(target: Path) -> None:
     """Whether `target` can take an artifact: read-only, so every rank of a job may ask at once."""
     parent = target.parent
+    # Its own name first: one too long for a file name would fail every stat below.
+    size = len(os.fsencode(target.name))
+    limit = _name_max(parent) - STAGING_EXTRA
+    if size > limit:
+        raise OutputDirError(
+            f"the output directory's name is {size} bytes; at most {limit} leave room for its "
+            "staging directory: choose a shorter --output-dir"
+        )
+    try:
+        _check_target(target, parent)
+    except OSError as exc:
+        # What the checks could not even ask (a name on the way, or the whole path, longer than
+        # the OS opens; a directory on the way that may not be searched): named, with the output
+        # directory as the fix.
+        raise OutputDirError(_unaskable(target, exc)) from exc
+
+
+def _unaskable(target: Path, exc: OSError) -> str:
+    if exc.errno == errno.ENAMETOOLONG:
+        for part in target.parent.parts:
+            size = len(os.fsencode(part))
+            if size > NAME_MAX:
+                return (
+                    f"the output directory's path holds a name of {size} bytes "
+                    f"({part[:40]!r}...), longer than a file name can be ({NAME_MAX}): choose "
+                    "another --output-dir"
+                )
+        return (
+            f"the output directory's path is {len(os.fsencode(str(target)))} bytes, longer than "
+            "the OS opens: choose a shorter --output-dir"
+        )
+    return f"cannot check {target}: {exc.strerror or exc}: choose another --output-dir"
+
+
+def _check_target(target: Path, parent: Path) -> None:
     if target.is_symlink() or (
         target.exists() and not (target.is_dir() and not any(target.iterdir()))
     ):
@@ -104,12 +148,6 @@ def check_target(target: Path) -> None:
         raise OutputDirError(f"{parent} does not exist: create it or choose another --output-dir")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputDirError(f"{parent} is not writable: choose another --output-dir")
-    limit = _name_max(parent) - STAGING_EXTRA
-    if len(os.fsencode(target.name)) > limit:
-        raise OutputDirError(
-            f"the output directory's name is {len(os.fsencode(target.name))} bytes; at most "
-            f"{limit} leave room for its staging directory: choose a shorter --output-dir"
-        )
 
 
 def _name_max(directory: Path) -> int:

@@ -216,13 +216,47 @@ def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str, run_plan: plan
             "rank_local": list(run_plan.rank_local),
         },
     )
+    record = outcome.results[0] if outcome.results else None
     if outcome.timed_out:
-        raise FixtureTimeout(
-            f"fixture {fixture!r}: timeout: building it and taking one step took more than "
-            f"{pool.timeout:g} s (raise --timeout if that is expected)"
+        raise FixtureTimeout(_probe_timeout(fixture, pool.timeout, record))
+    if record is not None and record["problem"] is not None:
+        raise FixtureProblem(record["problem"])
+
+
+# Names a probe timeout lists of the threads left running; the rest are counted.
+SHOWN_THREADS = 8
+
+
+def _probe_timeout(fixture: str, timeout: float, record: dict[str, Any] | None) -> str:
+    """Why the probe timed out, by the phase its record (FixtureProbeRecord) says was under way."""
+    head = f"fixture {fixture!r}: timeout:"
+    phase = None if record is None else record.get("phase")
+    if record is not None and phase == "done":
+        threads: list[str] = record["threads"]
+        if not threads:
+            return (
+                f"{head} its first step() returned, but the worker did not exit within "
+                f"{timeout:g} s: something the fixture started and the exit waits for (a "
+                "multiprocessing child that is not a daemon, a thread started outside Python) "
+                "still runs; stop it before step() returns"
+            )
+        shown = ", ".join(threads[:SHOWN_THREADS])
+        more = f" and {len(threads) - SHOWN_THREADS} more" if len(threads) > SHOWN_THREADS else ""
+        return (
+            f"{head} its first step() returned, but left {len(threads)} non-daemon thread(s) "
+            f"running ({shown}{more}), and a worker exits only once those end: they had not "
+            f"after {timeout:g} s; make them daemon threads (daemon=True) or stop and join them "
+            "before step() returns"
         )
-    if outcome.results and outcome.results[0]["problem"] is not None:
-        raise FixtureProblem(outcome.results[0]["problem"])
+    doing = {
+        "build": f"importing it and calling {fixture}(0, 1)",
+        "state_dict": "its app's first state_dict()",
+        "step": "its app's first step()",
+        "state_dict_after_step": "its app's state_dict() after the first step",
+    }.get(phase if isinstance(phase, str) else "")
+    if doing is None:  # no record: the worker did not reach the fixture
+        doing = "starting a worker for it"
+    return f"{head} {doing} took more than {timeout:g} s (raise --timeout if that is expected)"
 
 
 # A loop may print without end: the console shows a few lines of each log, and its traceback

@@ -33,10 +33,14 @@ class EnvironmentProblem(BadInput):
     """The machine, not the checkpoint under test, is at fault: bad input, exit 2."""
 
 
-def environment_problem(exc: OSError, where: str) -> EnvironmentProblem:
+# The way out of a problem with the temp directory; a directory the user named has its own.
+TMPDIR_FIX = "point TMPDIR at another directory"
+
+
+def environment_problem(exc: OSError, where: str, fix: str = TMPDIR_FIX) -> EnvironmentProblem:
     return EnvironmentProblem(
         f"{where}: {exc.strerror or exc} ({exc.filename or 'no file named'}): free space or fix "
-        "the permissions there, or point TMPDIR at another directory"
+        f"the permissions there, or {fix}"
     )
 
 
@@ -90,15 +94,19 @@ class Workspace:
                 raise
 
 
-def check_free(directory: Path, what: str, needed: int = MIN_FREE_BYTES) -> None:
+def check_free(
+    directory: Path, what: str, needed: int = MIN_FREE_BYTES, fix: str = TMPDIR_FIX
+) -> None:
+    """Refuse ``directory`` (``what`` names it) with less than ``needed`` bytes free; ``fix``
+    says how to choose another."""
     try:
         free = shutil.disk_usage(directory).free
     except OSError as exc:
-        raise environment_problem(exc, what) from exc
+        raise environment_problem(exc, what, fix) from exc
     if free < needed:
         raise EnvironmentProblem(
             f"{what} {directory} has {free >> 20} MiB free, the run needs {needed >> 20} MiB: "
-            "free space there or point TMPDIR at another directory"
+            f"free space there or {fix}"
         )
 
 

@@ -71,6 +71,18 @@ def test_a_fixture_importing_its_project_from_src_is_told_the_same(project: Path
     ), message
 
 
+def test_a_module_name_longer_than_a_file_name_is_not_found_beside_a_src_directory(
+    project: Path,
+) -> None:
+    """Looking for it under src/ failed with ENAMETOOLONG, which reached the worker as a
+    traceback, so the probe did not refuse it and every scenario ran on it."""
+    (project / "src").mkdir()
+    name = "m" * 300
+    message = refusal(f"{name}:make_app")
+    assert message.startswith(f"fixture '{name}:make_app': cannot import '{name}'"), message
+    assert message.endswith(f"check the name, run where {name} is, or install it"), message
+
+
 def test_src_already_on_the_path_is_not_suggested_again(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,3 +112,45 @@ def test_a_fixture_that_cannot_take_its_arguments_says_which_fix_applies(
 def test_fixture_arguments_that_complete_the_call_are_accepted() -> None:
     fixture: object = load_fixture("re:sub", {"string": "text"})
     assert fixture is re.sub
+
+
+@pytest.mark.parametrize(
+    ("record", "says"),
+    [
+        (None, "starting a worker for it took more than 20 s (raise --timeout if"),
+        ({"phase": "build"}, "importing it and calling m:f(0, 1) took more than 20 s"),
+        ({"phase": "state_dict"}, "its app's first state_dict() took more than 20 s"),
+        ({"phase": "step"}, "its app's first step() took more than 20 s"),
+        (
+            {"phase": "state_dict_after_step"},
+            "its app's state_dict() after the first step took more than 20 s",
+        ),
+        (
+            {"phase": "done", "threads": []},
+            "its first step() returned, but the worker did not exit within 20 s",
+        ),
+        (
+            {"phase": "done", "threads": ["loader", "writer"]},
+            "its first step() returned, but left 2 non-daemon thread(s) running (loader, "
+            "writer), and a worker exits only once those end: they had not after 20 s; make "
+            "them daemon threads (daemon=True) or stop and join them before step() returns",
+        ),
+        (
+            {"phase": "done", "threads": [f"t{i}" for i in range(50)]},
+            "(t0, t1, t2, t3, t4, t5, t6, t7 and 42 more)",
+        ),
+    ],
+    ids=["no record", "build", "state", "step", "state after", "exit", "threads", "50 threads"],
+)
+def test_a_probe_that_times_out_names_the_phase_it_was_in(
+    record: dict[str, object] | None, says: str
+) -> None:
+    """The probe records each phase as it starts; its timeout names the one under way, not
+    "building it and taking one step" whatever it was stuck in."""
+    from dcp_invariant.suite.runner import _probe_timeout
+
+    full = None if record is None else {"problem": None, "threads": [], **record}
+    message = _probe_timeout("m:f", 20.0, full)
+    assert message.startswith("fixture 'm:f': timeout: ")
+    assert says in message, message
+    assert "\n" not in message

@@ -1,5 +1,5 @@
-"""A loop that leaves processes behind or changes directory: the run ends on time, kills and
-names what was left, and keeps its files where they belong."""
+"""A loop that leaves processes or threads behind or changes directory: the run ends on time,
+kills and names what was left, and keeps its files where they belong."""
 
 from __future__ import annotations
 
@@ -24,7 +24,12 @@ linux_only = pytest.mark.skipif(not reaper.supported(), reason="reads /proc")
 
 
 def run(
-    tmp_path: Path, fixture: str, cwd: Path = TESTS, world_sizes: str = "1", **env: str
+    tmp_path: Path,
+    fixture: str,
+    cwd: Path = TESTS,
+    world_sizes: str = "1",
+    timeout: str = "60",
+    **env: str,
 ) -> subprocess.CompletedProcess[str]:
     """``run --fixture FIXTURE --world-sizes 1`` with a TMPDIR of its own under ``tmp_path``."""
     private = tmp_path / "tmp"
@@ -44,7 +49,7 @@ def run(
             "--world-sizes",
             world_sizes,
             "--timeout",
-            "60",
+            timeout,
         ],
         capture_output=True,
         text=True,
@@ -125,3 +130,25 @@ def test_a_loop_that_changes_directory_still_resumes_and_writes_nothing_there(
     assert proc.returncode == 0, proc.stderr
     assert list(elsewhere.iterdir()) == []
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_step_that_leaves_threads_running_is_named_as_such_not_as_a_slow_step(
+    tmp_path: Path,
+) -> None:
+    """The first step starts 50 non-daemon threads that never end and returns at once: the
+    worker cannot exit, and the timeout says so, naming the threads, instead of blaming
+    "building it and taking one step"."""
+    proc = run(tmp_path, "hostile_loops:leaves_threads", timeout="20")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    names = ", ".join(f"never-ending-{i}" for i in range(8))
+    assert proc.stderr == (
+        "dcp-invariant: fail: fixture 'hostile_loops:leaves_threads': timeout: its first step() "
+        f"returned, but left 50 non-daemon thread(s) running ({names} and 42 more), and a "
+        "worker exits only once those end: they had not after 20 s; make them daemon threads "
+        "(daemon=True) or stop and join them before step() returns\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # no artifact, no stage
+    assert list((tmp_path / "tmp").iterdir()) == []
+    if reaper.supported():
+        assert carrying(str(tmp_path)) == []

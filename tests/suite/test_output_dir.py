@@ -41,6 +41,59 @@ def test_a_name_too_long_for_the_staging_directory_is_refused_at_once(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_name_over_255_bytes_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Longer than any file name can be: before the bound was checked first, a stat of it
+    raised ENAMETOOLONG as a traceback."""
+    code, err = run(capsys, "--output-dir", str(tmp_path / ("x" * 300)))
+    assert code == 2
+    assert err == (
+        "dcp-invariant: error: the output directory's name is 300 bytes; at most 245 leave room "
+        "for its staging directory: choose a shorter --output-dir\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_on_the_way_named_over_255_bytes_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run(capsys, "--output-dir", str(tmp_path / ("y" * 300) / "out"))
+    assert code == 2
+    assert err == (
+        "dcp-invariant: error: the output directory's path holds a name of 300 bytes "
+        f"({'y' * 40!r}...), longer than a file name can be (255): choose another --output-dir\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_path_longer_than_the_os_opens_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each name is short, the whole is over PATH_MAX (4096 on Linux, 1024 on macOS)."""
+    target = tmp_path.joinpath(*["z" * 200] * 25, "out")
+    code, err = run(capsys, "--output-dir", str(target))
+    assert code == 2
+    assert err == (
+        f"dcp-invariant: error: the output directory's path is {len(os.fsencode(str(target)))} "
+        "bytes, longer than the OS opens: choose a shorter --output-dir\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_a_parent_that_cannot_take_files_is_blamed_not_tmpdir(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """/proc has no free space (and is not writable but by root): the fault is the output
+    directory's parent, which the user chose, not TMPDIR."""
+    code, err = run(capsys, "--output-dir", "/proc/dcp-invariant-out")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "/proc " in err and "choose another --output-dir" in err
+    assert "TMPDIR" not in err
+    assert not Path("/proc/dcp-invariant-out").exists()
+
+
 def test_a_parent_that_is_a_file_is_named_as_such(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -78,7 +131,13 @@ def test_a_full_disk_is_refused_before_the_suite(
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
     code, err = run(capsys, "--output-dir", str(tmp_path / "out"))
-    assert code == 2 and "has 1 MiB free, the run needs 16 MiB" in err
+    assert code == 2
+    # The parent is named as the directory at fault, and the fix is another output directory:
+    # TMPDIR has nothing to do with it.
+    assert err == (
+        f"dcp-invariant: error: the output directory's parent {tmp_path} has 1 MiB free, the "
+        "run needs 16 MiB: free space there or choose another --output-dir\n"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -139,6 +198,8 @@ def test_an_unwritable_parent_is_an_environment_problem(
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
 
     monkeypatch.setattr(tempfile, "mkdtemp", no_space)
-    with pytest.raises(OutputDirError, match="No space left on device"):
+    with pytest.raises(OutputDirError, match="No space left on device") as caught:
         Reservation(tmp_path / "out")
+    assert str(caught.value).endswith("or choose another --output-dir")
+    assert "TMPDIR" not in str(caught.value)
     assert list(tmp_path.iterdir()) == []

@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -36,7 +37,13 @@ from dcp_invariant.suite.fixture import (
     checked_state,
     loss_value,
 )
-from dcp_invariant.suite.scenarios.payloads import FixtureProbe, FixtureResume, FixtureTrain
+from dcp_invariant.suite.scenarios.payloads import (
+    FixtureProbe,
+    FixtureProbeRecord,
+    FixtureResume,
+    FixtureTrain,
+    ProbePhase,
+)
 from dcp_invariant.suite.scenarios.tasks import load_through_pointer
 from dcp_invariant.suite.worker import Report, loopback_gloo_options
 
@@ -50,16 +57,36 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
     code propagates, so its traceback reaches the log.
     """
     spec = payload["fixture"]
+
+    def entering(phase: ProbePhase) -> None:
+        # Each phase is recorded as it starts: a probe that times out is then reported by the
+        # phase it was stuck in (runner._probe_timeout).
+        record: FixtureProbeRecord = {"problem": None, "phase": phase, "threads": []}
+        report(dict(record))
+
     try:
+        entering("build")
         app = build_app(spec, rank, world_size, payload["fixture_args"])
+        entering("state_dict")
         _rank_local_present(spec, app.state_dict(), payload["rank_local"])
         _probe_state(spec, app.state_dict())
+        entering("step")
         checked_loss(spec, app.step())
+        entering("state_dict_after_step")
         _probe_state(spec, app.state_dict())
     except (FixtureError, state_keys.StateKeyError) as exc:
-        report({"problem": str(exc)})
+        problem: FixtureProbeRecord = {"problem": str(exc), "phase": "done", "threads": []}
+        report(dict(problem))
         return
-    report({"problem": None})
+    # The worker cannot exit while a thread that is not a daemon runs: CPython joins every one
+    # at exit (threading._shutdown, which multiprocessing's Process._bootstrap calls too). The
+    # ones running now are named, in case the exit is what times out.
+    current = threading.current_thread()
+    threads = [
+        t.name for t in threading.enumerate() if t is not current and not t.daemon and t.is_alive()
+    ]
+    done: FixtureProbeRecord = {"problem": None, "phase": "done", "threads": threads}
+    report(dict(done))
 
 
 def _rank_local_present(spec: str, state: Any, components: list[str]) -> None:

@@ -8,7 +8,7 @@ for torchrun's ranks), so every value is plain data.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from dcp_invariant import plan
 
@@ -60,6 +60,19 @@ class FixtureProbe(TypedDict):
     fixture: str
     fixture_args: FixtureArgs
     rank_local: list[str]
+
+
+# The fixture probe's phases in order: its record names the one under way, so a probe that
+# times out is reported by where it stuck. "done": the task returned; only the exit is left.
+ProbePhase = Literal["build", "state_dict", "step", "state_dict_after_step", "done"]
+
+
+class FixtureProbeRecord(TypedDict):
+    """What the fixture probe reports, rewritten as each phase starts."""
+
+    problem: str | None  # an interface problem: bad input, the message says what to change
+    phase: ProbePhase
+    threads: list[str]  # at "done": the non-daemon threads still running, which exit waits for
 
 
 class FixtureTrain(TypedDict):
