@@ -143,31 +143,40 @@ def run_plan(
     from dcp_invariant.evidence import artifact, provenance, schema
     from dcp_invariant.evidence.families.groups import TIMEOUT
     from dcp_invariant.suite import output_dir as reserve
-    from dcp_invariant.suite import runner
+    from dcp_invariant.suite import reaper, runner
 
     reservation = reserve.Reservation(output_dir)
     try:
-        try:
-            suite = runner.run_suite(run_plan=run, timeout=timeout, on_finish=on_finish)
-        except runner.FixtureTimeout as exc:
-            timed_out = Diagnosis(TIMEOUT, (), (str(exc),))
-            return Report(False, MappingProxyType({}), (timed_out,), None)
-        record = provenance.build(
-            source_revision=revision,
-            torch_distribution=suite.torch_distribution,
-            torch_runtime=suite.torch_runtime,
-            numpy=suite.numpy,
-            run_plan=run,
-        )
-        files = artifact.build(suite.observations, record, run_plan=run)
-        try:
-            reservation.fill(files)
-        except OSError as exc:
-            raise CheckInputError(
-                f"the artifact could not be written to {output_dir}: {exc}"
-            ) from exc
+        # Started here, not by the suite: the guardian must outlive the artifact's writing, so
+        # that a SIGKILL at any moment before the reservation is released leaves nothing of it.
+        with reaper.Guardian() as guardian:
+            guardian.release_if_killed(reservation.lock_path)
+            try:
+                try:
+                    suite = runner.run_suite(
+                        run_plan=run, timeout=timeout, on_finish=on_finish, guardian=guardian
+                    )
+                except runner.FixtureTimeout as exc:
+                    timed_out = Diagnosis(TIMEOUT, (), (str(exc),))
+                    return Report(False, MappingProxyType({}), (timed_out,), None)
+                record = provenance.build(
+                    source_revision=revision,
+                    torch_distribution=suite.torch_distribution,
+                    torch_runtime=suite.torch_runtime,
+                    numpy=suite.numpy,
+                    run_plan=run,
+                )
+                files = artifact.build(suite.observations, record, run_plan=run)
+                try:
+                    reservation.fill(files)
+                except OSError as exc:
+                    raise CheckInputError(
+                        f"the artifact could not be written to {output_dir}: {exc}"
+                    ) from exc
+            finally:
+                reservation.release()  # before the guardian hears that the run ended
     finally:
-        reservation.release()
+        reservation.release()  # the guardian could not be started
     results = {}
     for name in run.names:
         record = canonical.loads(files[schema.result_file(name)])

@@ -639,7 +639,9 @@ def test_what_comparing_scenarios_adds_is_printed_before_the_verdict(
     observations["training_2_to_2"]["commit"]["files"][1]["size"] += 1
     kept = read_provenance(DATA_ARTIFACT)
 
-    def fake_run_suite(*, run_plan: plan.Plan, timeout: float, on_finish: Any) -> Any:
+    def fake_run_suite(
+        *, run_plan: plan.Plan, timeout: float, on_finish: Any, guardian: Any
+    ) -> Any:
         for name in run_plan.names:
             reasons = rules.derive(name, observations[name], run_plan=run_plan)
             on_finish(runner.Finished(name, "fail" if reasons else "pass", 0.0, reasons, []))

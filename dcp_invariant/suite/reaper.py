@@ -221,9 +221,20 @@ class Guardian:
     def remove_if_killed(self, path: Path) -> None:
         """Have the guardian remove ``path`` should this process die without ending the run
         (SIGKILL): the run's workspace, multiprocessing's ``pymp-*`` directory."""
+        self._tell(_TREE, path)
+
+    def release_if_killed(self, lock: Path) -> None:
+        """Have the guardian clear the output directory's lock ``lock`` and the staging
+        directory it records should this process die without ending the run, once no process
+        holds the lock (``clear_if_dead`` in dcp_invariant/suite/output_dir.py)."""
+        self._tell(_LOCK, lock)
+
+    def _tell(self, kind: bytes, path: Path) -> None:
         if self._proc is not None and self._proc.stdin is not None:
+            # Absolute: the guardian's working directory is this process's at its start only.
+            message = kind + b" " + os.fsencode(os.path.abspath(path)) + b"\0"
             with contextlib.suppress(OSError):  # the guardian is gone: the sweep still runs
-                self._proc.stdin.write(os.fsencode(path) + b"\n")
+                self._proc.stdin.write(message)
                 self._proc.stdin.flush()
 
     def sweep(self) -> list[Straggler]:
@@ -238,7 +249,7 @@ class Guardian:
             return
         assert self._proc.stdin is not None
         with contextlib.suppress(OSError):
-            self._proc.stdin.write(_DONE)
+            self._proc.stdin.write(_DONE + b"\0")
         self._proc.stdin.close()
         try:
             self._proc.wait(timeout=SWEEP_SECONDS + 1)
@@ -247,24 +258,36 @@ class Guardian:
             self._proc.wait(timeout=5)
 
 
-_DONE = b"\0done\n"  # a path holds no NUL: this line cannot be one
+# The guardian's messages: a kind and a path, each ended by a NUL, which no path holds (the
+# kernel takes paths as C strings) while a newline may be in one.
+_TREE = b"tree"
+_LOCK = b"lock"
+_DONE = b"done"
 
 
 def _guard(token: str) -> None:
     """The guardian: wait for the runner's pipe to end, then kill what carries its token; if
     the runner died before saying it was done, remove what it could not."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    lines: list[bytes] = []
+    data = b""
     with contextlib.suppress(OSError):
-        lines = sys.stdin.buffer.read().splitlines(keepends=True)
+        data = sys.stdin.buffer.read()
+    # Killing first frees the output directory's lock, should a process have inherited it.
     kill_all(lambda: carrying(RUN_ENV, token))
-    if _DONE in lines:
+    messages = data.split(b"\0")
+    if _DONE in messages:
         return
+    from dcp_invariant.suite.output_dir import clear_if_dead
     from dcp_invariant.suite.workspace import remove
 
-    for line in lines:
-        with contextlib.suppress(OSError):
-            remove(Path(os.fsdecode(line.rstrip(b"\n"))))
+    for message in messages:
+        kind, _, raw = message.partition(b" ")
+        path = Path(os.fsdecode(raw))
+        if kind == _TREE:
+            with contextlib.suppress(OSError):  # removed already; what is left, the next run takes
+                remove(path)
+        elif kind == _LOCK:
+            clear_if_dead(path)  # left as it is if anyone holds it: a live run took it over
 
 
 if __name__ == "__main__":

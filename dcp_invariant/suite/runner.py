@@ -8,6 +8,7 @@ through the suite.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import multiprocessing.util
 import os
@@ -84,11 +85,14 @@ def run_suite(
     fixture: str | None = None,
     timeout: float = plan.DEFAULT_TIMEOUT,
     on_finish: Callable[[Finished], None] | None = None,
+    guardian: reaper.Guardian | None = None,
 ) -> SuiteRun:
     """Run the plan's scenarios (or ``names`` of them) and return their observations.
 
     ``fixture`` replaces the plan's fixture (the live tests run registered scenarios on broken
-    variants). Raises UnsupportedRuntime, WorkerStartError or FixtureProblem before any scenario.
+    variants). ``guardian``: the caller's, which outlives the suite (it guards the output
+    directory until the artifact is written); without it, the suite starts and ends its own.
+    Raises UnsupportedRuntime, WorkerStartError or FixtureProblem before any scenario.
     """
     distribution = installed_torch()
     runtimes.require(distribution)
@@ -107,7 +111,8 @@ def run_suite(
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
     space = Workspace()
-    with reaper.Guardian() as guardian, space as workspace:
+    guarding = reaper.Guardian() if guardian is None else contextlib.nullcontext(guardian)
+    with guarding as guardian, space as workspace:
         guardian.remove_if_killed(workspace)
         pool = WorkerPool(timeout)
         try:

@@ -205,6 +205,16 @@ def test_after_sigkill_the_children_follow_and_the_next_run_sweeps_the_workspace
     # directory once every process was gone, and the short directory that held the latter.
     assert wait_until(lambda: not list(run.tmpdir.iterdir()), 2.5), list(run.tmpdir.iterdir())
     assert wait_until(lambda: socket_holders() <= before, 2.5), socket_holders() - before
+    # And the output directory's lock and staging directory (issue #28): its parent holds what
+    # it held before the run, and no output directory, the run having been killed.
+    assert wait_until(lambda: beside_output(run) == [], 2.5), beside_output(run)
+    assert not run.output.exists()
+
+
+def beside_output(run: Run) -> list[str]:
+    """What the output directory's parent holds but the run's TMPDIR and its output directory."""
+    parent = run.output.parent
+    return sorted(p.name for p in parent.iterdir() if p not in (run.tmpdir, run.output))
 
 
 def socket_holders() -> set[Path]:
@@ -337,6 +347,9 @@ def test_a_fixture_run_interrupted_at_any_moment_leaves_nothing(
         left = [] if emptied else sorted(p.name for p in run.tmpdir.iterdir())
         if not wait_until(lambda: socket_holders() <= holders, settle):
             left += sorted(str(p) for p in socket_holders() - holders)
+        # Beside the output directory: its lock and staging directory, gone too.
+        if not wait_until(lambda r=run: beside_output(r) == [], settle):
+            left += beside_output(run)
         text = "".join(run.stderr)
         label = f"{start_method} {signame} at {moment} s"
         if not gone:

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from collections import namedtuple
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from dcp_invariant import cli
-from dcp_invariant.suite import runner
+from dcp_invariant.suite import output_dir, reaper, runner, workspace
 from dcp_invariant.suite.output_dir import OutputDirError, Reservation
 
 REVISION = "a" * 40
@@ -203,3 +210,214 @@ def test_an_unwritable_parent_is_an_environment_problem(
     assert str(caught.value).endswith("or choose another --output-dir")
     assert "TMPDIR" not in str(caught.value)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- a dead run's lock and staging directory --------------------------------------------------
+
+# A run in a process of its own: it reserves argv[1] (relative to its working directory, as
+# `--output-dir evidence` is), prints its staging directory's name (and, with a guardian, the
+# guardian's PID), then dies by SIGKILL ("die", "guarded") or holds the reservation until its
+# stdin closes ("hold").
+HOLDER = """
+import os, signal, sys
+from pathlib import Path
+from dcp_invariant.suite.output_dir import Reservation
+from dcp_invariant.suite.reaper import Guardian
+
+reservation = Reservation(Path(sys.argv[1]))
+assert reservation.stage is not None
+if sys.argv[2] == "guarded":
+    guardian = Guardian().__enter__()
+    guardian.release_if_killed(reservation.lock_path)
+    assert guardian._proc is not None
+    print(reservation.stage.name, guardian._proc.pid, flush=True)
+else:
+    print(reservation.stage.name, flush=True)
+if sys.argv[2] in ("die", "guarded"):
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.stdin.read()
+reservation.release()
+"""
+HOLDER_TIMEOUT = 60
+
+
+def killed_run(parent: Path, name: str) -> str:
+    """Reserve ``parent / name`` in a process SIGKILLed at once; its staging directory's name."""
+    proc = subprocess.run(
+        [sys.executable, "-c", HOLDER, name, "die"],
+        cwd=parent,
+        capture_output=True,
+        text=True,
+        timeout=HOLDER_TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    return proc.stdout.split()[0]
+
+
+@contextlib.contextmanager
+def live_run(parent: Path, name: str) -> Iterator[str]:
+    """A run holding ``parent / name``'s reservation while the block runs; it releases it and
+    exits after. Yields its staging directory's name."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, name, "hold"],
+        cwd=parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        stage = proc.stdout.readline().strip()
+        assert stage, proc.stderr.read() if proc.stderr else ""
+        yield stage
+        _, err = proc.communicate(timeout=HOLDER_TIMEOUT)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=HOLDER_TIMEOUT)
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_the_next_run_into_a_killed_runs_output_dir_removes_its_lock_and_stage(
+    tmp_path: Path,
+) -> None:
+    stage = killed_run(tmp_path, "out")
+    # What issue #28 found beside the output directory long after the run was killed.
+    assert names(tmp_path) == sorted([".out.lock", stage])
+    record = (tmp_path / ".out.lock").read_bytes()
+    assert record.startswith(output_dir.RECORD_HEADER) and f"stage {stage[5:]}\n" in record.decode()
+    # Beside it, what is not provably ours stays: another tool's lock, a lock file that is a
+    # symlink, and a directory named like a stage of ours that is neither recorded nor empty.
+    (tmp_path / ".other.lock").write_bytes(b"held by another tool\n")
+    (tmp_path / ".link.lock").symlink_to(tmp_path / ".other.lock")
+    lookalike = tmp_path / ".out.abcdefgh"
+    lookalike.mkdir()
+    (lookalike / "notes.txt").write_bytes(b"mine\n")
+
+    reservation = Reservation(tmp_path / "out")
+    assert reservation.stage is not None and reservation.stage.name != stage
+    assert not (tmp_path / stage).exists()
+    reservation.fill({"summary.json": b"{}\n"})
+    reservation.release()
+
+    assert names(tmp_path) == [".link.lock", ".other.lock", ".out.abcdefgh", "out"]
+    assert (tmp_path / ".other.lock").read_bytes() == b"held by another tool\n"
+    assert (lookalike / "notes.txt").read_bytes() == b"mine\n"
+
+
+def test_a_run_beside_a_killed_runs_output_dir_removes_its_lock_and_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    killed_run(tmp_path, "evidence")
+    assert len(names(tmp_path)) == 2
+    # `run` into another directory of the same parent: the reservation is made (and the dead
+    # run's leftovers removed) before the suite would start.
+    with pytest.raises(AssertionError, match=r"reached runner\.run_suite"):
+        run(capsys, "--output-dir", str(tmp_path / "evidence-2"))
+    assert names(tmp_path) == []
+
+
+def test_a_lock_left_by_an_older_version_is_taken_with_its_empty_stage(tmp_path: Path) -> None:
+    """Before the lock kept a record it was an empty file; the stage of a run killed before
+    its end is empty."""
+    (tmp_path / ".out.lock").write_bytes(b"")
+    (tmp_path / ".out.k3j4h5g6").mkdir()
+    reservation = Reservation(tmp_path / "out")
+    assert reservation.stage is not None
+    assert names(tmp_path) == sorted([".out.lock", reservation.stage.name])
+    reservation.release()
+    assert names(tmp_path) == []
+
+
+def test_a_live_runs_lock_and_stage_are_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output_dir, "LOCK_WAIT", 0.2)
+    with live_run(tmp_path, "out") as stage:
+        lock = tmp_path / ".out.lock"
+        before = (lock.stat().st_ino, lock.read_bytes())
+        with pytest.raises(OutputDirError, match="another dcp-invariant run is writing"):
+            Reservation(tmp_path / "out")
+        assert output_dir.clear_if_dead(lock) is False
+        beside = Reservation(tmp_path / "beside")  # sweeps the parent: the live lock stays
+        beside.release()
+        assert names(tmp_path) == sorted([".out.lock", stage])
+        assert (lock.stat().st_ino, lock.read_bytes()) == before
+    assert names(tmp_path) == []  # the run released its reservation
+
+
+def test_a_lock_cleared_after_it_was_opened_is_taken_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever clears a dead lock removes its file; a run that had opened it just before must
+    not lock the removed file while another run locks a new one at the same path."""
+    monkeypatch.setattr(output_dir, "LOCK_WAIT", 0.2)
+    lock = tmp_path / ".out.lock"
+    taken: list[IO[bytes]] = []
+    real = workspace.lock_exclusive
+
+    def cleared_first(handle: IO[bytes]) -> None:
+        if not taken:
+            lock.unlink()  # cleared by a guardian, then taken by another run
+            taken.append(open(lock, "wb"))  # noqa: SIM115 (closed below)
+            real(taken[0])
+        real(handle)
+
+    monkeypatch.setattr(output_dir, "lock_exclusive", cleared_first)
+    try:
+        with pytest.raises(OutputDirError, match="another dcp-invariant run is writing"):
+            Reservation(tmp_path / "out")
+    finally:
+        for handle in taken:
+            handle.close()
+    lock.unlink()
+    assert names(tmp_path) == []
+
+
+@pytest.mark.skipif(not reaper.supported(), reason="the guardian reads /proc")
+def test_after_a_sigkill_the_guardian_removes_the_lock_and_stage(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", HOLDER, "evidence", "guarded"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=HOLDER_TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    stage, pid = proc.stdout.split()
+    assert stage.startswith(".evidence.")  # reserved when the runner was killed
+    guardian = int(pid)
+    try:
+        assert wait_until(lambda: names(tmp_path) == [], 5.0), names(tmp_path)
+        assert wait_until(lambda: not alive(guardian), 5.0)
+    finally:
+        if alive(guardian):
+            os.kill(guardian, signal.SIGKILL)
+        # Ours to reap only if this process is a subreaper (PR_SET_CHILD_SUBREAPER, prctl(2)).
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(guardian, os.WNOHANG)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (the guardian is not this process's child: init reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
