@@ -90,20 +90,22 @@ _REDUCERS: Final[dict[tuple[str, str], Reducer]] = {
 
 # What ``torch.<dtype>.__reduce__()`` returns for every dtype of torch 2.13.0 (it names the
 # canonical dtype, never an alias such as torch.float), and bcomplex32, new in 2.14.1's
-# torch/_C/__init__.pyi. A dtype is pickled as the bare global ``torch.<name>``.
-DTYPES: Final = frozenset(
-    {
-        *("float32", "float64", "float16", "bfloat16"),
-        *("complex32", "complex64", "complex128", "bcomplex32"),
-        *("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"),
-        *(f"int{n}" for n in range(1, 8)),
-        *(f"uint{n}" for n in range(1, 8)),
-        *("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"),
-        *("float8_e8m0fnu", "float4_e2m1fn_x2"),
-        *("qint8", "quint8", "qint32", "quint4x2", "quint2x4"),
-        *("bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"),
-    }
-)
+# torch/_C/__init__.pyi. A dtype is pickled as the bare global ``torch.<name>``. Each with its
+# ``itemsize`` in torch 2.13.0 (c10/core/ScalarType.h: a sub-byte dtype takes a byte;
+# bcomplex32, two bfloat16s, takes 4): how many bytes an element takes when a tensor is made.
+DTYPE_BYTES: Final[dict[str, int]] = {
+    **dict.fromkeys(("float64", "int64", "uint64", "complex64"), 8),
+    **dict.fromkeys(("float32", "int32", "uint32", "qint32", "complex32", "bcomplex32"), 4),
+    **dict.fromkeys(("float16", "bfloat16", "int16", "uint16", "bits16"), 2),
+    "complex128": 16,
+    **dict.fromkeys(("bool", "uint8", "int8", "qint8", "quint8", "quint4x2", "quint2x4"), 1),
+    **dict.fromkeys(("bits1x8", "bits2x4", "bits4x2", "bits8"), 1),
+    **dict.fromkeys((f"int{n}" for n in range(1, 8)), 1),
+    **dict.fromkeys((f"uint{n}" for n in range(1, 8)), 1),
+    **dict.fromkeys(("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"), 1),
+    **dict.fromkeys(("float8_e8m0fnu", "float4_e2m1fn_x2"), 1),
+}
+DTYPES: Final = frozenset(DTYPE_BYTES)
 # str(layout) of every torch.layout of torch 2.13.0: what _get_layout is called with.
 LAYOUTS: Final = frozenset(
     {

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dcp_invariant import canonical
 from dcp_invariant.inspect import estimate, generation, metadata, records, storage, tiling
+from dcp_invariant.inspect.budget import Budget
 from dcp_invariant.inspect.errors import BadWorldSize, MetadataProblem, NotACheckpoint
 from dcp_invariant.inspect.problems import Problem
 from dcp_invariant.inspect.report import Contents, Report
@@ -46,26 +47,28 @@ def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Rep
             0, Problem("not a regular file", f"{metadata.METADATA_FILE} is a {meta_entry.kind}")
         )
         return _with(report, problems)
+    # One budget for reading .metadata and checking what it holds: both follow the references.
+    budget = Budget()
     try:
-        meta = metadata.read(directory / metadata.METADATA_FILE)
+        meta = metadata.read(directory / metadata.METADATA_FILE, budget=budget)
+        found = storage.check_items(meta)
+        if meta.storage_data is not None:
+            found += storage.check_files(meta.storage_data, entries)
+        for key, item in meta.state_dict_metadata.items():
+            if isinstance(item, records.TensorStorageMetadata):
+                found += tiling.check(key, item.size, item.chunks, budget)
+        planned = None if world_size is None else estimate.estimate(meta, world_size, budget)
     except MetadataProblem as exc:
-        problems.insert(0, Problem(exc.cause, str(exc)))
+        problems[0:0] = [Problem(exc.cause, reason) for reason in exc.reasons()]
         return _with(report, problems)
     except OSError as exc:
         problems.insert(0, Problem("unreadable", f"{metadata.METADATA_FILE}: {exc}"))
         return _with(report, problems)
-    found = storage.check_items(meta)
-    if meta.storage_data is not None:
-        found += storage.check_files(meta.storage_data, entries)
-    for key, item in meta.state_dict_metadata.items():
-        if isinstance(item, records.TensorStorageMetadata):
-            chunks = [tiling.Chunk(c.offsets, c.sizes) for c in item.chunks]
-            found += tiling.check(key, item.size, chunks)
     return Report(
         str(directory),
         _contents(meta, entries),
         receipt,
-        None if world_size is None else estimate.estimate(meta, world_size),
+        planned,
         tuple(found + problems),
     )
 

@@ -19,6 +19,10 @@ class MetadataProblem(Exception):
 
     cause: Cause = "malformed metadata"
 
+    def reasons(self) -> tuple[str, ...]:
+        """What to report, one problem line each (after the cause)."""
+        return (str(self),)
+
 
 class RefusedPickle(MetadataProblem):
     """The pickle names a global, or uses an opcode, that DCP never writes into ``.metadata``.
@@ -36,6 +40,20 @@ class MalformedMetadata(MetadataProblem):
 
 
 class MetadataTooLarge(MetadataProblem):
-    """``.metadata`` is larger than the bound: refused before a byte of it is read."""
+    """``.metadata`` is larger than the bound (refused before a byte of it is read), or its
+    records expand to more than its work budget (:mod:`.budget`)."""
 
     cause: Cause = "too large"
+
+
+class BadValues(MetadataProblem):
+    """Lengths, offsets, sizes or shapes no torch tensor or DCP read can hold: each named."""
+
+    cause: Cause = "bad value"
+
+    def __init__(self, found: tuple[str, ...]) -> None:
+        super().__init__("; ".join(found))
+        self.found = found
+
+    def reasons(self) -> tuple[str, ...]:
+        return self.found

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dcp_invariant.inspect import records
+from dcp_invariant.inspect.budget import Budget
 
 NOTE = (
     "an estimate: sharded tensors split along dim 0 as FSDP2 does, every other key read whole "
@@ -39,9 +40,13 @@ class Estimate:
     same_on_every_rank: tuple[str, ...]  # keys every rank reads whole
 
 
-def estimate(metadata: records.Metadata, world_size: int) -> Estimate:
+def estimate(metadata: records.Metadata, world_size: int, budget: Budget | None = None) -> Estimate:
+    """The estimate at ``world_size``; each sharded tensor's share of each rank that gets rows
+    of it is work spent from ``budget`` (a key read whole costs one addition)."""
+    budget = Budget() if budget is None else budget
     stored = _stored_bytes(metadata)
     per_rank = [0] * world_size
+    everyone = 0  # bytes every rank reads
     whole: list[str] = []
     largest: Largest | None = None
     for key, item in metadata.state_dict_metadata.items():
@@ -50,12 +55,16 @@ def estimate(metadata: records.Metadata, world_size: int) -> Estimate:
             if largest is None or size > largest.stored_bytes:
                 largest = Largest(key, item.size, item.properties.dtype.name, size)
             if is_sharded(item):
+                ranks = min(item.size[0], world_size)  # the ranks that get rows of it
+                budget.spend(ranks, f"{key}: its share of each of {ranks} ranks")
                 for rank, share in enumerate(_row_shares(size, item.size[0], world_size)):
                     per_rank[rank] += share
                 continue
         whole.append(key)
-        per_rank = [total + size for total in per_rank]
-    return Estimate(world_size, tuple(per_rank), largest, tuple(whole))
+        everyone += size
+    return Estimate(
+        world_size, tuple(total + everyone for total in per_rank), largest, tuple(whole)
+    )
 
 
 def is_sharded(item: records.TensorStorageMetadata) -> bool:
@@ -70,9 +79,10 @@ def is_sharded(item: records.TensorStorageMetadata) -> bool:
 
 def _row_shares(size: int, rows: int, world_size: int) -> list[int]:
     """``size`` bytes split as torch.chunk(rows, world_size) splits rows: by cumulative row, so
-    the shares add up to ``size`` exactly."""
+    the shares add up to ``size`` exactly. Only the ranks that get rows are listed (at most
+    ``rows`` of them): the others get nothing."""
     per = -(-rows // world_size)
-    bounds = [min(rows, rank * per) for rank in range(world_size + 1)]
+    bounds = [rank * per for rank in range(-(-rows // per))] + [rows]
     return [size * b // rows - size * a // rows for a, b in itertools.pairwise(bounds)]
 
 

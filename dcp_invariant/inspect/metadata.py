@@ -4,38 +4,52 @@ field by field against the shape of torch's classes.
 The interpreter (:mod:`.unpickler`) gives the stand-ins torch's unpickling would have built;
 this turns them into :mod:`.records`, with the semantics torch gives them on loading: BUILD of
 a dataclass updates its ``__dict__`` (a field left out keeps its class default, if it has one),
-``TensorProperties.__setstate__`` unpacks a 5-tuple (6 since torch 2.15: the strides), and a dict keeps the last value of a key
-seen twice (``MetadataIndex`` compares ``fqn`` and ``offset`` only).
+``TensorProperties.__setstate__`` unpacks a 5-tuple (6 since torch 2.15: the strides), and a
+dict keeps the last value of a key seen twice (``MetadataIndex`` compares ``fqn`` and ``offset``
+only).
 
-Conversions are cached per object, so a pickle that refers to one big list many times through
-its memo is converted once.
+Numbers are checked here, where they enter: every length, offset, size and shape is an int
+torch and DCP can hold (0 to 2**63 - 1: ``torch.Size`` and ``_StorageInfo`` are read as int64),
+and each tensor's element count, and its byte count, fit int64 too (aten's
+``computeStorageNbytesContiguous`` refuses to make a tensor otherwise). Anything else is a
+``bad value`` naming the key. Every chunk, dimension and entry is counted against the file's
+work budget (:mod:`.budget`) each time a memo reference names it, before it is converted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Final, TypeVar
 
 from dcp_invariant import regular_file
-from dcp_invariant.inspect import admitted, records, unpickler
-from dcp_invariant.inspect.errors import MalformedMetadata, MetadataTooLarge
+from dcp_invariant.inspect import admitted, records, tiling, unpickler
+from dcp_invariant.inspect.budget import Budget
+from dcp_invariant.inspect.errors import BadValues, MalformedMetadata, MetadataTooLarge
 from dcp_invariant.inspect.unpickler import Instance, PickledDict
 
 METADATA_FILE: Final = ".metadata"
 # A .metadata is read whole; larger than this, it is refused unread. DCP's grows by a few hundred
 # bytes per chunk: 512 MiB is millions of chunks.
 MAX_METADATA_BYTES: Final = 512 << 20
+# torch.Size, the offsets of a chunk and _StorageInfo's offset and length are int64 in torch
+# (c10's IntArrayRef; FileSystemReader seeks and reads them as file positions): none is negative.
+INT64_MAX: Final = (1 << 63) - 1
+_U64_MAX: Final = (1 << 64) - 1
+# Bad values named one by one; the rest are counted.
+MAX_LISTED_VALUES: Final = 8
 
 _T = TypeVar("_T")
 _MISSING: Final = object()
 
 
-def read(path: Path, *, bound: int = MAX_METADATA_BYTES) -> records.Metadata:
+def read(
+    path: Path, *, bound: int = MAX_METADATA_BYTES, budget: Budget | None = None
+) -> records.Metadata:
     """Read and interpret the ``.metadata`` at ``path``.
 
-    Raises a :class:`MetadataProblem` (a refused, malformed or oversized pickle) and the
-    ``OSError``\\ s of :func:`regular_file.read` (including :class:`regular_file.NotRegularFile`).
+    Raises a :class:`MetadataProblem` (a refused, malformed or oversized pickle, bad values, or
+    records past the work budget) and the ``OSError``\\ s of :func:`regular_file.read`
+    (including :class:`regular_file.NotRegularFile`).
     """
     try:
         data = regular_file.read(path, bound=bound)
@@ -44,32 +58,51 @@ def read(path: Path, *, bound: int = MAX_METADATA_BYTES) -> records.Metadata:
         raise MetadataTooLarge(
             f"{METADATA_FILE} is over the {shown} bound; it was not read"
         ) from exc
-    return parse(data)
+    return parse(data, budget)
 
 
-def parse(data: bytes) -> records.Metadata:
-    """Interpret the bytes of a ``.metadata``: :class:`MetadataProblem` if they are not one."""
-    return _Converter().metadata(unpickler.load(data))
+def parse(data: bytes, budget: Budget | None = None) -> records.Metadata:
+    """Interpret the bytes of a ``.metadata``: :class:`MetadataProblem` if they are not one.
+
+    ``budget`` (by default one for a file of this size) is what is spent; the checks that
+    follow spend the rest of it.
+    """
+    if budget is None:
+        budget = Budget()
+    budget.for_bytes(len(data))
+    converter = _Converter(budget)
+    meta = converter.metadata(unpickler.load(data, budget))
+    if converter.bad:
+        found = converter.bad
+        if converter.unlisted:
+            found[-1] += f" (and {converter.unlisted} more bad values)"
+        raise BadValues(tuple(found))
+    return meta
 
 
 class _Converter:
-    def __init__(self) -> None:
-        self.cache: dict[tuple[int, str], object] = {}
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.bad: list[str] = []  # what a bad value problem says, the first few
+        self.unlisted = 0  # bad values past those
 
-    def cached(self, kind: str, value: object, convert: Callable[[], _T]) -> _T:
-        key = (id(value), kind)
-        if key not in self.cache:
-            self.cache[key] = convert()
-        return self.cache[key]  # type: ignore[return-value]
+    def spend(self, units: int, what: str) -> None:
+        self.budget.spend(units, what)
+
+    def found_bad(self, detail: str) -> None:
+        if len(self.bad) < MAX_LISTED_VALUES:
+            self.bad.append(detail)
+        else:
+            self.unlisted += 1
 
     # --- the records -----------------------------------------------------------------------
 
     def metadata(self, value: object) -> records.Metadata:
-        fields = _fields(value, "Metadata", "the pickle")
+        fields = self.fields(value, "Metadata", "the pickle")
         entries = _require(fields, "state_dict_metadata", "Metadata")
         state_dict = {
             key: self.storage(item, f"state_dict_metadata[{key!r}]")
-            for key, item in _str_pairs(entries, "state_dict_metadata")
+            for key, item in self.str_pairs(entries, "state_dict_metadata")
         }
         storage = fields.get("storage_data")
         storage_data = None
@@ -90,50 +123,118 @@ class _Converter:
 
     def storage(self, value: object, where: str) -> records.StorageMetadata:
         if isinstance(value, Instance) and value.cls.record == "BytesStorageMetadata":
-            _fields(value, "BytesStorageMetadata", where)
+            self.fields(value, "BytesStorageMetadata", where)
             return records.BytesStorageMetadata()
-        return self.cached("tensor", value, lambda: self.tensor(value, where))
+        return self.tensor(value, where)
 
     def tensor(self, value: object, where: str) -> records.TensorStorageMetadata:
-        fields = _fields(value, "TensorStorageMetadata", where)
+        fields = self.fields(value, "TensorStorageMetadata", where)
         chunks = _require(fields, "chunks", where)
         if not isinstance(chunks, list):
             raise MalformedMetadata(f"{where}.chunks: a {_kind(chunks)}, not a list")
+        self.spend(len(chunks), f"{where}.chunks")
+        properties = self.properties(_require(fields, "properties", where), f"{where}.properties")
+        size = self.shape(_require(fields, "size", where), where, ".size")
+        self.fits(size, properties.dtype, where)
         return records.TensorStorageMetadata(
-            properties=self.cached(
-                "properties",
-                _require(fields, "properties", where),
-                lambda: _properties(fields["properties"], f"{where}.properties"),
-            ),
-            size=_shape(_require(fields, "size", where), f"{where}.size"),
-            chunks=self.cached(
-                "chunks",
-                chunks,
-                lambda: tuple(_chunk(c, f"{where}.chunks[{i}]") for i, c in enumerate(chunks)),
-            ),
+            properties=properties,
+            size=size,
+            chunks=tuple([self.chunk(chunk, where, i) for i, chunk in enumerate(chunks)]),
+        )
+
+    def chunk(self, value: object, where: str, i: int) -> records.ChunkStorageMetadata:
+        if type(value) is Instance and value.cls.record == "ChunkStorageMetadata":
+            state = value.state
+            # What DCP writes: a dict of offsets and sizes, read without building a dict.
+            if type(state) is PickledDict and len(pairs := state.pairs) == 2:
+                (k1, offsets), (k2, sizes) = pairs
+                if k1 == "offsets" and k2 == "sizes":
+                    budget = self.budget
+                    budget.spent += 3  # the chunk and its two fields
+                    if budget.spent > budget.limit >= 0:
+                        budget.spend(0, f"{where}.chunks[{i}]")
+                    return records.ChunkStorageMetadata(
+                        self.shape(offsets, where, ".chunks[", i, "].offsets"),
+                        self.shape(sizes, where, ".chunks[", i, "].sizes"),
+                    )
+        at = f"{where}.chunks[{i}]"
+        self.spend(1, at)
+        fields = self.fields(value, "ChunkStorageMetadata", at)
+        return records.ChunkStorageMetadata(
+            offsets=self.shape(_require(fields, "offsets", at), at, ".offsets"),
+            sizes=self.shape(_require(fields, "sizes", at), at, ".sizes"),
         )
 
     def storage_data(self, value: PickledDict) -> dict[records.MetadataIndex, records.StorageInfo]:
+        self.spend(len(value.pairs), "storage_data")
         out: dict[records.MetadataIndex, records.StorageInfo] = {}
         for key, item in value.pairs:
             index = self.index(key)
-            out[index] = self.storage_info(item, f"storage_data[{index.fqn!r}]")
+            out[index] = self.storage_info(item, index)
         return out
 
     def index(self, value: object) -> records.MetadataIndex:
-        return self.cached("index", value, lambda: _index(value))
+        fields = self.fields(value, "MetadataIndex", "a storage_data key")
+        fqn = _require(fields, "fqn", "MetadataIndex")
+        if not isinstance(fqn, str):
+            raise MalformedMetadata(f"a storage_data key: fqn is a {_kind(fqn)}")
+        offset = fields.get("offset")
+        hint = fields.get("index")
+        index = hint if hint is None or type(hint) is int else None
+        if index is not hint:
+            _optional(hint, int, f"storage_data[{fqn!r}] key index")  # raises, naming it
+        return records.MetadataIndex(
+            fqn=fqn,
+            offset=None if offset is None else self.shape(offset, "", _Key(fqn), " key offset"),
+            index=index,
+        )
 
-    def storage_info(self, value: object, where: str) -> records.StorageInfo:
-        return self.cached("info", value, lambda: _storage_info(value, where))
+    def storage_info(self, value: object, index: records.MetadataIndex) -> records.StorageInfo:
+        fields = self.fields(value, "_StorageInfo", "a storage_data value")
+        path = fields.get("relative_path", _MISSING)
+        offset = fields.get("offset", _MISSING)
+        length = fields.get("length", _MISSING)
+        if path is _MISSING or offset is _MISSING or length is _MISSING:
+            where = _entry(index)
+            _require(fields, "relative_path", where)
+            _require(fields, "offset", where)
+            _require(fields, "length", where)
+        if not isinstance(path, str):
+            raise MalformedMetadata(f"{_entry(index)}.relative_path: a {_kind(path)}, not a string")
+        # A file position FileSystemReader seeks to and a count of bytes it reads.
+        if type(offset) is not int or not 0 <= offset <= INT64_MAX:
+            self.found_bad(f"{_entry(index)}.offset is {_value(offset)}: {_RANGE}")
+            offset = 0
+        if type(length) is not int or not 0 <= length <= INT64_MAX:
+            self.found_bad(f"{_entry(index)}.length is {_value(length)}: {_RANGE}")
+            length = 0
+        descriptors = fields.get("transform_descriptors")
+        if descriptors is not None:
+            if not isinstance(descriptors, (list, tuple)):
+                raise MalformedMetadata(f"{_entry(index)}.transform_descriptors: not a list")
+            self.spend(len(descriptors), f"{_entry(index)}.transform_descriptors")
+            if not all(isinstance(d, str) for d in descriptors):
+                raise MalformedMetadata(
+                    f"{_entry(index)}.transform_descriptors: not a list of strings"
+                )
+        return records.StorageInfo(
+            relative_path=path,
+            offset=offset,
+            length=length,
+            transform_descriptors=None if descriptors is None else tuple(map(str, descriptors)),
+        )
 
     def storage_meta(self, value: object) -> records.StorageMeta:
-        fields = _fields(value, "StorageMeta", "Metadata.storage_meta")
+        fields = self.fields(value, "StorageMeta", "Metadata.storage_meta")
         where = "StorageMeta"
         checkpoint_id = fields.get("checkpoint_id")
         if not (checkpoint_id is None or isinstance(checkpoint_id, (str, records.PathValue))):
             raise MalformedMetadata(f"{where}.checkpoint_id: a {_kind(checkpoint_id)}")
         modules = fields.get("modules", [])
-        if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+        if not isinstance(modules, list):
+            raise MalformedMetadata(f"{where}.modules: not a list of strings")
+        self.spend(len(modules), f"{where}.modules")
+        if not all(isinstance(m, str) for m in modules):
             raise MalformedMetadata(f"{where}.modules: not a list of strings")
         return records.StorageMeta(
             checkpoint_id=checkpoint_id,
@@ -142,98 +243,154 @@ class _Converter:
             modules=tuple(str(m) for m in modules),
         )
 
-
-def _properties(value: object, where: str) -> records.TensorProperties:
-    if not isinstance(value, Instance) or value.cls.record != "TensorProperties":
-        raise MalformedMetadata(f"{where}: a {_kind(value)}, not a TensorProperties")
-    # metadata.py TensorProperties.__setstate__ unpacks (dtype, layout, requires_grad,
-    # mem_format_encoding, pin_memory), and since torch 2.15 a sixth value, the strides (a
-    # tuple of ints, or None), when the state holds six.
-    state = value.state
-    if not isinstance(state, (tuple, list)) or len(state) not in (5, 6):
-        raise MalformedMetadata(
-            f"{where}: its state is not the 5 (or, since torch 2.15, 6) values __setstate__ unpacks"
+    def properties(self, value: object, where: str) -> records.TensorProperties:
+        if not isinstance(value, Instance) or value.cls.record != "TensorProperties":
+            raise MalformedMetadata(f"{where}: a {_kind(value)}, not a TensorProperties")
+        # metadata.py TensorProperties.__setstate__ unpacks (dtype, layout, requires_grad,
+        # mem_format_encoding, pin_memory), and since torch 2.15 a sixth value, the strides (a
+        # tuple of ints, or None), when the state holds six.
+        state = value.state
+        if not isinstance(state, (tuple, list)) or len(state) not in (5, 6):
+            raise MalformedMetadata(
+                f"{where}: its state is not the 5 (or, since torch 2.15, 6) values "
+                "__setstate__ unpacks"
+            )
+        self.spend(len(state), where)
+        dtype, layout, requires_grad, memory_format, pin_memory = state[:5]
+        strides = None
+        if len(state) == 6 and state[5] is not None:
+            strides = self.shape(state[5], where, ".strides")
+        if not isinstance(dtype, records.DType):
+            raise MalformedMetadata(f"{where}.dtype: a {_kind(dtype)}, not a torch dtype")
+        if not isinstance(layout, records.Layout):
+            raise MalformedMetadata(f"{where}.layout: a {_kind(layout)}, not a torch layout")
+        if not isinstance(memory_format, admitted.MemoryFormatEncoding):
+            raise MalformedMetadata(f"{where}: the memory format is a {_kind(memory_format)}")
+        if type(requires_grad) is not bool or type(pin_memory) is not bool:
+            raise MalformedMetadata(f"{where}: requires_grad and pin_memory must be booleans")
+        return records.TensorProperties(
+            dtype, layout, requires_grad, memory_format.name, pin_memory, strides
         )
-    dtype, layout, requires_grad, memory_format, pin_memory = state[:5]
-    strides = None if len(state) == 5 or state[5] is None else _shape(state[5], f"{where}.strides")
-    if not isinstance(dtype, records.DType):
-        raise MalformedMetadata(f"{where}.dtype: a {_kind(dtype)}, not a torch dtype")
-    if not isinstance(layout, records.Layout):
-        raise MalformedMetadata(f"{where}.layout: a {_kind(layout)}, not a torch layout")
-    if not isinstance(memory_format, admitted.MemoryFormatEncoding):
-        raise MalformedMetadata(f"{where}: the memory format is a {_kind(memory_format)}")
-    if type(requires_grad) is not bool or type(pin_memory) is not bool:
-        raise MalformedMetadata(f"{where}: requires_grad and pin_memory must be booleans")
-    return records.TensorProperties(
-        dtype, layout, requires_grad, memory_format.name, pin_memory, strides
-    )
+
+    # --- numbers ---------------------------------------------------------------------------
+
+    def shape(self, value: object, where: str, *field: object) -> records.Shape:
+        """A torch.Size (or the tuple it was pickled as): ints from 0 to 2**63 - 1, each one
+        counted as work. ``where`` and ``field`` name it, joined only when it is reported."""
+        if type(value) is not tuple:
+            at = where + "".join(map(str, field))
+            raise MalformedMetadata(f"{at}: a {_kind(value)}, not a torch.Size of integers")
+        budget = self.budget
+        budget.spent += len(value)
+        if budget.spent > budget.limit >= 0:
+            budget.spend(0, where + "".join(map(str, field)))
+        for d in value:
+            if type(d) is not int or d < 0 or d > INT64_MAX:
+                self.bad_shape(value, where + "".join(map(str, field)))
+                break
+        return value
+
+    def bad_shape(self, value: tuple[object, ...], where: str) -> None:
+        for i, d in enumerate(value):
+            if type(d) is not int or not 0 <= d <= INT64_MAX:
+                self.found_bad(f"{where}[{i}] is {_value(d)}: {_RANGE}")
+                return
+
+    def fits(self, size: records.Shape, dtype: records.DType, where: str) -> None:
+        """Whether a tensor of ``size`` and ``dtype`` can exist: its element count and its
+        byte count fit int64, overflow counted as aten counts it (c10/util/safe_numerics.h
+        ``safe_multiplies_u64``: once the product passes 2**64 - 1 a later 0 does not undo it;
+        then aten/src/ATen/EmptyTensor.cpp ``computeStorageNbytesContiguous``)."""
+        if not all(type(d) is int and 0 <= d <= INT64_MAX for d in size):
+            return  # already reported, dimension by dimension
+        elements = 1
+        for d in size:
+            elements *= d
+            if elements > _U64_MAX:
+                break
+        itemsize = admitted.DTYPE_BYTES.get(dtype.name, 1)
+        if elements > INT64_MAX or elements * itemsize > INT64_MAX:
+            count = "more than 2**64" if elements > _U64_MAX else str(elements)
+            self.found_bad(
+                f"{where}.size {_dims(size)}: a {dtype.name} tensor of this shape holds {count} "
+                f"elements of {itemsize} byte{'s' * (itemsize != 1)}, past int64 (torch cannot "
+                "make it: 'Storage size calculation overflowed')"
+            )
+
+    # --- the semantics of BUILD ------------------------------------------------------------
+
+    def fields(self, value: object, record: admitted.RecordClass, where: str) -> dict[str, object]:
+        """The attributes BUILD gave the object: Lib/pickle.py ``load_build`` without
+        ``__setstate__`` updates ``__dict__`` with a dict state, or with a (state, slotstate)
+        pair. Each pair is counted as work: one state may be named by many objects."""
+        if not isinstance(value, Instance) or value.cls.record != record:
+            raise MalformedMetadata(f"{where}: a {_kind(value)}, not a {record}")
+        state = value.state
+        if type(state) is PickledDict:  # what DCP writes: a dict state, read in one step
+            budget = self.budget
+            budget.spent += len(state.pairs)
+            if budget.spent > budget.limit >= 0:
+                budget.spend(0, where)
+            return {k: v for k, v in state.pairs if type(k) is str}
+        slots: object = None
+        if isinstance(state, tuple) and len(state) == 2:
+            state, slots = state
+        fields: dict[str, object] = {}
+        for part in (state, slots):
+            if part is None or part is unpickler.UNSET:
+                continue
+            if not isinstance(part, PickledDict):
+                raise MalformedMetadata(f"{where}: the {record} state is a {_kind(part)}")
+            self.spend(len(part.pairs), where)
+            fields.update((k, v) for k, v in part.pairs if isinstance(k, str))
+        return fields
+
+    def str_pairs(self, value: object, where: str) -> list[tuple[str, object]]:
+        if not isinstance(value, PickledDict):
+            raise MalformedMetadata(f"{where}: a {_kind(value)}, not a dict")
+        self.spend(len(value.pairs), where)
+        merged: dict[str, object] = {}
+        for key, item in value.pairs:
+            if not isinstance(key, str):
+                raise MalformedMetadata(f"{where}: a key that is a {_kind(key)}, not a string")
+            merged[key] = item
+        return list(merged.items())
 
 
-def _chunk(value: object, where: str) -> records.ChunkStorageMetadata:
-    fields = _fields(value, "ChunkStorageMetadata", where)
-    return records.ChunkStorageMetadata(
-        offsets=_shape(_require(fields, "offsets", where), f"{where}.offsets"),
-        sizes=_shape(_require(fields, "sizes", where), f"{where}.sizes"),
-    )
+_RANGE: Final = "torch and DCP hold it as an int64 from 0 to 2**63 - 1"
 
 
-def _index(value: object) -> records.MetadataIndex:
-    fields = _fields(value, "MetadataIndex", "a storage_data key")
-    fqn = _require(fields, "fqn", "MetadataIndex")
-    if not isinstance(fqn, str):
-        raise MalformedMetadata(f"a storage_data key: fqn is a {_kind(fqn)}")
-    offset = fields.get("offset")
-    where = f"storage_data[{fqn!r}]"
-    index = fields.get("index")
-    return records.MetadataIndex(
-        fqn=fqn,
-        offset=None if offset is None else _shape(offset, f"{where} key offset"),
-        index=_optional(index, int, f"{where} key index"),
-    )
+class _Key:
+    """``storage_data[fqn]``, written out only when something is reported about it."""
+
+    def __init__(self, fqn: str) -> None:
+        self.fqn = fqn
+
+    def __str__(self) -> str:
+        return f"storage_data[{self.fqn!r}]"
 
 
-def _storage_info(value: object, where: str) -> records.StorageInfo:
-    fields = _fields(value, "_StorageInfo", where)
-    path = _require(fields, "relative_path", where)
-    offset = _require(fields, "offset", where)
-    length = _require(fields, "length", where)
-    if not isinstance(path, str):
-        raise MalformedMetadata(f"{where}.relative_path: a {_kind(path)}, not a string")
-    if type(offset) is not int or type(length) is not int:
-        raise MalformedMetadata(f"{where}: offset and length must be integers")
-    descriptors = fields.get("transform_descriptors")
-    if descriptors is not None and not (
-        isinstance(descriptors, (list, tuple)) and all(isinstance(d, str) for d in descriptors)
-    ):
-        raise MalformedMetadata(f"{where}.transform_descriptors: not a list of strings")
-    return records.StorageInfo(
-        relative_path=path,
-        offset=offset,
-        length=length,
-        transform_descriptors=None if descriptors is None else tuple(map(str, descriptors)),
-    )
+def _value(value: object) -> str:
+    """A number as it can be shown: exactly up to 64 bits, by its size past them (converting a
+    huge int to text is what Python's int-string limit refuses)."""
+    if type(value) is not int:
+        return f"a {_kind(value)}, not an integer"
+    if value.bit_length() <= 64:
+        return str(value)
+    return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
 
 
-# --- the semantics of BUILD ----------------------------------------------------------------
+def _dims(size: records.Shape) -> str:
+    """A shape to show: its first dimensions when it has many."""
+    if len(size) <= MAX_LISTED_VALUES:
+        return tiling.shown(size)
+    return tiling.shown(size[:MAX_LISTED_VALUES])[:-1] + f", ... {len(size)} dims)"
 
 
-def _fields(value: object, record: admitted.RecordClass, where: str) -> dict[str, object]:
-    """The attributes BUILD gave the object: Lib/pickle.py ``load_build`` without
-    ``__setstate__`` updates ``__dict__`` with a dict state, or with a (state, slotstate) pair."""
-    if not isinstance(value, Instance) or value.cls.record != record:
-        raise MalformedMetadata(f"{where}: a {_kind(value)}, not a {record}")
-    state = value.state
-    slots: object = None
-    if isinstance(state, tuple) and len(state) == 2:
-        state, slots = state
-    fields: dict[str, object] = {}
-    for part in (state, slots):
-        if part is None or part is unpickler.UNSET:
-            continue
-        if not isinstance(part, PickledDict):
-            raise MalformedMetadata(f"{where}: the {record} state is a {_kind(part)}")
-        fields.update((k, v) for k, v in part.pairs if isinstance(k, str))
-    return fields
+def _entry(index: records.MetadataIndex) -> str:
+    if index.offset is None:
+        return f"storage_data[{index.fqn!r}]"
+    return f"storage_data[{index.fqn!r} at {_dims(index.offset)}]"
 
 
 def _require(fields: dict[str, object], name: str, where: str) -> object:
@@ -243,23 +400,6 @@ def _require(fields: dict[str, object], name: str, where: str) -> object:
     if value is _MISSING:
         raise MalformedMetadata(f"{where}: no {name}")
     return value
-
-
-def _str_pairs(value: object, where: str) -> list[tuple[str, object]]:
-    if not isinstance(value, PickledDict):
-        raise MalformedMetadata(f"{where}: a {_kind(value)}, not a dict")
-    merged: dict[str, object] = {}
-    for key, item in value.pairs:
-        if not isinstance(key, str):
-            raise MalformedMetadata(f"{where}: a key that is a {_kind(key)}, not a string")
-        merged[key] = item
-    return list(merged.items())
-
-
-def _shape(value: object, where: str) -> records.Shape:
-    if isinstance(value, tuple) and all(type(d) is int for d in value):
-        return value
-    raise MalformedMetadata(f"{where}: a {_kind(value)}, not a torch.Size of integers")
 
 
 def _optional(value: object, kind: type[_T], where: str) -> _T | None:

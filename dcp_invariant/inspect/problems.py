@@ -11,6 +11,7 @@ Cause = Literal[
     # .metadata itself
     "refused pickle",
     "malformed metadata",
+    "bad value",
     "too large",
     "unreadable",
     # the files the storage entries name

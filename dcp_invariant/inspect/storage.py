@@ -59,10 +59,12 @@ def check_items(metadata: records.Metadata) -> list[Problem]:
                 "to files; inspect checks checkpoints written by dcp.save to a directory",
             )
         ]
+    # MetadataIndex compares fqn and offset (its index is a hint): so do these pairs.
+    present = {(index.fqn, index.offset) for index in storage}
     problems = []
     for key, item in metadata.state_dict_metadata.items():
         if isinstance(item, records.BytesStorageMetadata):
-            if records.MetadataIndex(key) not in storage:
+            if (key, None) not in present:
                 problems.append(
                     Problem("missing item", f"{key}: a byte item with no storage entry")
                 )
@@ -70,7 +72,7 @@ def check_items(metadata: records.Metadata) -> list[Problem]:
         absent = [
             chunk.offsets
             for chunk in item.chunks
-            if all(chunk.sizes) and records.MetadataIndex(key, chunk.offsets) not in storage
+            if (key, chunk.offsets) not in present and all(chunk.sizes)
         ]
         if absent:
             shown = ", ".join(_offsets(o) for o in absent[:_EXAMPLES])

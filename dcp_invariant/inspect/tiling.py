@@ -14,16 +14,20 @@ only if the chunks' signed corners, minus the shape's, all cancel. That is O(n *
 for n chunks in d sharded dimensions (dimensions every chunk spans whole are left out first),
 with no pairwise comparison. When they do not cancel, a prefix sum over the few corners left
 gives each element's count less one: the first element counted twice and the first counted
-never are named.
+never are named. Sharded along one dimension alone (FSDP's dim 0), the chunks' spans along it,
+sorted, decide first; only when they do not follow one another is the corner count run, to name
+what is wrong.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
+from dcp_invariant.inspect.budget import Budget
 from dcp_invariant.inspect.problems import Problem
 from dcp_invariant.inspect.records import Shape
 
@@ -37,14 +41,31 @@ MAX_GRID: Final = 1 << 20
 MAX_LISTED: Final = 3
 
 
+class Box(Protocol):
+    """A chunk: ``records.ChunkStorageMetadata``, or :class:`Chunk`."""
+
+    @property
+    def offsets(self) -> Shape: ...
+
+    @property
+    def sizes(self) -> Shape: ...
+
+
 @dataclass(frozen=True)
 class Chunk:
     offsets: Shape
     sizes: Shape
 
 
-def check(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Problem]:
-    """Every way ``chunks`` fail to tile ``shape`` exactly once; empty when they do."""
+def check(
+    name: str, shape: Shape, chunks: Sequence[Box], budget: Budget | None = None
+) -> list[Problem]:
+    """Every way ``chunks`` fail to tile ``shape`` exactly once; empty when they do.
+
+    The corners and grid cells counted are spent from ``budget`` (:mod:`.budget`): each tensor
+    is bounded, but a file may hold many tensors.
+    """
+    budget = Budget() if budget is None else budget
     if any(d < 0 for d in shape):
         return [Problem("bad chunk", f"{name}: the global shape {shown(shape)} is negative")]
     bad = _bad_chunks(name, shape, chunks)
@@ -57,14 +78,16 @@ def check(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Problem]:
         for i, extent in enumerate(shape)
         if any(c.offsets[i] != 0 or c.sizes[i] != extent for c in chunks)
     ]
+    if total == 0:
+        return []  # every chunk inside an empty shape is empty
+    if len(kept) == 1 and _spans_tile(chunks, kept[0], shape[kept[0]]):
+        return []
     boxes = [
         ([c.offsets[i] for i in kept], [c.sizes[i] for i in kept])
         for c in chunks
         if all(c.sizes)  # an empty chunk covers nothing
     ]
     covered = sum(math.prod(c.sizes) for c in chunks)
-    if total == 0:
-        return []  # every chunk inside an empty shape is empty
     if len(boxes) << len(kept) > MAX_CORNERS:
         return [
             Problem(
@@ -73,6 +96,10 @@ def check(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Problem]:
                 f"than the {MAX_CORNERS} corners inspect counts",
             )
         ]
+    # Each corner is a tuple of the sharded dimensions: that many units of work.
+    budget.spend(
+        (len(boxes) << len(kept)) * max(1, len(kept)), f"{name}: the corners of its chunks"
+    )
     weights: dict[tuple[int, ...], int] = {}
     for offsets, sizes in boxes:
         for corner, weight in _corners(offsets, sizes):
@@ -82,7 +109,7 @@ def check(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Problem]:
     left = {corner: weight for corner, weight in weights.items() if weight}
     if not left:
         return []
-    over, under = _witnesses(left)
+    over, under = _witnesses(left, name, budget)
     problems = []
     if over is not None:
         point, count = _element(shape, kept, over[0]), over[1]
@@ -107,20 +134,35 @@ def check(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Problem]:
     return problems
 
 
+def _spans_tile(chunks: Sequence[Box], dim: int, extent: int) -> bool:
+    """Sharded along ``dim`` alone (FSDP's dim 0), the chunks tile the shape when their spans
+    along it, sorted, follow one another from 0 to ``extent``: the corner count's verdict, for
+    a sort. False sends the chunks to the corner count, which names what is wrong."""
+    spans = sorted((c.offsets[dim], c.offsets[dim] + c.sizes[dim]) for c in chunks if all(c.sizes))
+    at = 0
+    for low, high in spans:
+        if low != at:
+            return False
+        at = high
+    return at == extent
+
+
 def _witnesses(
-    left: dict[tuple[int, ...], int],
+    left: dict[tuple[int, ...], int], name: str, budget: Budget
 ) -> tuple[tuple[tuple[int, ...], int] | None, tuple[tuple[int, ...], int] | None]:
     """The first element covered too often and the first covered too little, with how far off.
 
     The count of an element x, less 1 inside the shape, is the sum of the weights of the
     corners at or below x, so it is constant between the coordinates of the corners left over:
     a prefix sum over the grid they span gives it everywhere. (None, None) when that grid is
-    larger than :data:`MAX_GRID`.
+    larger than :data:`MAX_GRID`, or than what is left of ``budget``.
     """
     axes = [sorted({corner[i] for corner in left}) for i in range(len(next(iter(left))))]
     cells = math.prod(len(axis) for axis in axes)
-    if cells > MAX_GRID:
-        return None, None
+    left_over = budget.left()
+    if cells > MAX_GRID or (left_over is not None and cells * len(axes) > left_over):
+        return None, None  # the witnesses are a courtesy: the volumes still tell gap from overlap
+    budget.spend(cells * len(axes), f"{name}: the grid that places its overlap or gap")
     strides = [math.prod(len(axis) for axis in axes[i + 1 :]) for i in range(len(axes))]
     grid = [0] * cells
     places = [{value: j for j, value in enumerate(axis)} for axis in axes]
@@ -161,17 +203,21 @@ def _gap(name: str, covered: int, total: int, point: list[int] | None) -> Proble
     return Problem("gap", f"{name}: {where} is in no chunk" + _held(covered, total))
 
 
-def _bad_chunks(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Problem]:
+def _bad_chunks(name: str, shape: Shape, chunks: Sequence[Box]) -> list[Problem]:
     problems = []
+    rank = len(shape)
     for i, chunk in enumerate(chunks):
         offsets, sizes = chunk.offsets, chunk.sizes
-        at = f"{name}: chunk {i} at offsets {shown(offsets)} of sizes {shown(sizes)}"
-        if len(offsets) != len(shape) or len(sizes) != len(shape):
-            problems.append(Problem("bad chunk", f"{at} does not have the {len(shape)} dims"))
-        elif any(v < 0 for v in (*offsets, *sizes)):
-            problems.append(Problem("bad chunk", f"{at} is negative"))
-        elif any(o + s > d for o, s, d in zip(offsets, sizes, shape, strict=True)):
-            problems.append(Problem("out of bounds", f"{at} lies outside {shown(shape)}"))
+        if len(offsets) != rank or len(sizes) != rank:
+            problems.append(
+                Problem("bad chunk", f"{_at(name, i, chunk)} does not have the {rank} dims")
+            )
+        elif rank and (min(offsets) < 0 or min(sizes) < 0):
+            problems.append(Problem("bad chunk", f"{_at(name, i, chunk)} is negative"))
+        elif any(map(operator.gt, map(operator.add, offsets, sizes), shape)):
+            problems.append(
+                Problem("out of bounds", f"{_at(name, i, chunk)} lies outside {shown(shape)}")
+            )
     if len(problems) > MAX_LISTED:
         more = len(problems) - MAX_LISTED
         last = problems[MAX_LISTED - 1]
@@ -179,6 +225,10 @@ def _bad_chunks(name: str, shape: Shape, chunks: Sequence[Chunk]) -> list[Proble
             Problem(last.cause, f"{last.detail} (and {more} more bad chunks of {name})")
         ]
     return problems
+
+
+def _at(name: str, i: int, chunk: Box) -> str:
+    return f"{name}: chunk {i} at offsets {shown(chunk.offsets)} of sizes {shown(chunk.sizes)}"
 
 
 def _corners(offsets: list[int], sizes: list[int]) -> list[tuple[tuple[int, ...], int]]:
@@ -189,7 +239,7 @@ def _corners(offsets: list[int], sizes: list[int]) -> list[tuple[tuple[int, ...]
     return corners
 
 
-def _holds(chunk: Chunk, point: list[int]) -> bool:
+def _holds(chunk: Box, point: list[int]) -> bool:
     return all(o <= p < o + s for o, s, p in zip(chunk.offsets, chunk.sizes, point, strict=True))
 
 

@@ -15,7 +15,9 @@ refused (:class:`RefusedPickle`, naming the global or the opcode), as is REDUCE,
 of anything but an admitted stand-in. Lengths are checked against what is left before anything
 is sliced, so a 2 GiB length prefix costs nothing; text integers are bounded before they are
 converted, so the interpreter's int-string limit never decides the outcome. Memory grows
-linearly with the size of the pickle, never more.
+linearly with the size of the pickle, never more, and so does the work: an opcode that copies or
+checks a long tuple (REDUCE of ``torch.Size``, a tuple as a dict key) counts it against the
+file's work budget (:mod:`.budget`) each time, as a memo reference names it for two bytes.
 """
 
 from __future__ import annotations
@@ -25,38 +27,47 @@ import codecs
 import pickletools
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Final
 
 from dcp_invariant.inspect import admitted, records
-from dcp_invariant.inspect.errors import MalformedMetadata, RefusedPickle
+from dcp_invariant.inspect.budget import Budget
+from dcp_invariant.inspect.errors import MalformedMetadata, MetadataTooLarge, RefusedPickle
 
 HIGHEST_PROTOCOL: Final = 5
 # A text integer (protocol 0's INT, LONG, GET, PUT) longer than this is refused unconverted.
 MAX_TEXT_NUMBER: Final = 64
+# A tuple up to this long is checked where it is used; a longer one costs its length in work
+# (:mod:`.budget`) each time, as a memo reference can name it again for two bytes.
+_INLINE_DIMS: Final = 8
+_U32: Final = struct.Struct("<I").unpack_from
+_I32: Final = struct.Struct("<i").unpack_from
 UNSET: Final = object()
 
 
-@dataclass(eq=False)
 class Instance:
     """An admitted record class after NEWOBJ: ``state`` is what BUILD gave it, once."""
 
-    cls: admitted.Global
-    state: object = UNSET
+    __slots__ = ("cls", "state")
+
+    def __init__(self, cls: admitted.Global, state: object = UNSET) -> None:
+        self.cls = cls
+        self.state = state
 
     @property
     def built(self) -> bool:
         return self.state is not UNSET
 
 
-@dataclass(eq=False)
 class PickledDict:
     """A dict as SETITEM(S) filled it: the pairs in order, never hashed here.
 
     Converting to a real dict happens later, with keys of known types only (:mod:`.metadata`).
     """
 
-    pairs: list[tuple[object, object]] = field(default_factory=list)
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[object, object]] | None = None) -> None:
+        self.pairs: list[tuple[object, object]] = [] if pairs is None else pairs
 
 
 # Opcodes DCP's metadata never holds and that could reach code: refused, never interpreted.
@@ -84,17 +95,23 @@ _HASHABLE_RECORDS: Final = (
     admitted.MemoryFormatEncoding,
     admitted.Global,
 )
+_SIMPLE_KEYS: Final = (*_SCALAR_KEYS, *_HASHABLE_RECORDS)
 
 
-def load(data: bytes) -> object:
+def load(data: bytes, budget: Budget | None = None) -> object:
     """What ``pickle.loads(data)`` would return, as plain values and stand-ins.
 
-    Raises :class:`RefusedPickle` or :class:`MalformedMetadata`; nothing else escapes.
+    Raises :class:`RefusedPickle`, :class:`MalformedMetadata`, or :class:`MetadataTooLarge` when
+    a value named many times through the memo costs more than ``budget`` (by default, the
+    budget of a file of this size); nothing else escapes.
     """
-    machine = _Machine(data)
+    if budget is None:
+        budget = Budget()
+    budget.for_bytes(len(data))
+    machine = _Machine(data, budget)
     try:
         return machine.run()
-    except (RefusedPickle, MalformedMetadata):
+    except (RefusedPickle, MalformedMetadata, MetadataTooLarge):
         raise
     except RecursionError as exc:  # unreachable: nothing here recurses; kept so nothing escapes
         raise MalformedMetadata(f"nested too deeply near byte {machine.pos}") from exc
@@ -103,36 +120,203 @@ def load(data: bytes) -> object:
 
 
 class _Machine:
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, budget: Budget) -> None:
         self.data = data
         self.pos = 0
+        # Lib/pickle.py's stacks: ``stack`` holds what was pushed since the last MARK, and MARK
+        # puts it on ``metastack`` and starts an empty one, so nothing below a MARK is popped.
         self.stack: list[object] = []
-        self.marks: list[int] = []  # stack lengths at each MARK: Lib/pickle.py's metastack
-        self.floor = 0  # the last MARK's stack length: nothing below it may be popped
+        self.metastack: list[list[object]] = []
         self.globals: dict[tuple[str, str, bool], object] = {}  # admitted globals, resolved once
         self.memo: dict[int, object] = {}
         self.proto = 0
         self.result: object = UNSET
+        self.budget = budget
 
     def run(self) -> object:
+        """Interpret up to STOP.
+
+        On a large checkpoint this loop is where ``inspect`` spends its time (about 70 opcodes
+        a chunk), so the opcodes ``pickle.dump`` writes for DCP's records are interpreted here
+        inline, each exactly as its handler below would, and anything else -- every other
+        opcode, and any case an inline opcode does not take (a wrong type, a refusal) -- goes
+        to the handler, which raises what it raises. The last bytes go through the handlers
+        too: there the inline opcodes would have to check that their arguments are there.
+        """
         data = self.data
         end = len(data)
+        safe = end - 9  # below it, every fixed-size argument (8 bytes at most) is in data
+        memo = self.memo
+        metastack = self.metastack
+        stack = self.stack
+        push = stack.append
+        pos = self.pos
+        op = 0
+        # Instance() and PickledDict() without a call to __init__: they are made by the million.
+        new_instance: Callable[[type[Instance]], Instance] = object.__new__
+        new_dict: Callable[[type[PickledDict]], PickledDict] = object.__new__
+        value: object
+        try:
+            while pos < safe:
+                op = data[pos]
+                pos += 1
+                if op == 0x94:  # MEMOIZE
+                    memo[len(memo)] = stack[-1]
+                elif op == 0x6A:  # LONG_BINGET
+                    push(memo[_U32(data, pos)[0]])
+                    pos += 4
+                elif op == 0x68:  # BINGET
+                    push(memo[data[pos]])
+                    pos += 1
+                elif op == 0x4B:  # BININT1
+                    push(data[pos])
+                    pos += 1
+                elif op == 0x28:  # MARK
+                    metastack.append(stack)
+                    stack = []
+                    push = stack.append
+                elif op == 0x29:  # EMPTY_TUPLE, and NEWOBJ of an admitted record class after it
+                    cls = stack[-1] if stack else None
+                    if data[pos] == 0x81 and type(cls) is admitted.Global and cls.record:
+                        inst = new_instance(Instance)
+                        inst.cls = cls
+                        inst.state = UNSET
+                        stack[-1] = value = inst
+                        pos += 1
+                        if data[pos] == 0x94:  # MEMOIZE
+                            memo[len(memo)] = value
+                            pos += 1
+                    else:
+                        push(())
+                elif op == 0x62:  # BUILD
+                    built = stack[-2]
+                    if type(built) is Instance and built.state is UNSET:
+                        built.state = stack.pop()
+                    else:
+                        self.pos, self.stack = pos, stack
+                        self.build()
+                elif op == 0x75:  # SETITEMS
+                    if not metastack:
+                        raise MalformedMetadata(f"no MARK to pop at byte {pos}")
+                    items = stack
+                    stack = metastack.pop()
+                    push = stack.append
+                    target = stack[-1]
+                    # A record's state: two or three fields named by strings.
+                    if (
+                        type(target) is PickledDict
+                        and 4 <= (n := len(items)) <= 6
+                        and type(items[0]) is str
+                        and type(items[2]) is str
+                        and (n == 4 or (n == 6 and type(items[4]) is str))
+                    ):
+                        pairs = target.pairs
+                        pairs.append((items[0], items[1]))
+                        pairs.append((items[2], items[3]))
+                        if n == 6:
+                            pairs.append((items[4], items[5]))
+                    else:
+                        self.pos = pos
+                        self.set_items(target, items)
+                elif op == 0x7D:  # EMPTY_DICT
+                    pickled = new_dict(PickledDict)
+                    pickled.pairs = []
+                    push(value := pickled)
+                    if data[pos] == 0x94:
+                        memo[len(memo)] = value
+                        pos += 1
+                elif op == 0x52:  # REDUCE: torch.Size inline
+                    args = stack[-1]
+                    target = stack[-2]
+                    if (
+                        type(target) is admitted.Global
+                        and target.reducer == "Size"
+                        and type(args) is tuple
+                        and len(args) == 1
+                        and type(dims := args[0]) is tuple
+                        and len(dims) <= _INLINE_DIMS
+                        and _ints(dims)
+                    ):
+                        del stack[-1]
+                        stack[-1] = dims
+                        if data[pos] == 0x94:
+                            memo[len(memo)] = dims
+                            pos += 1
+                    else:
+                        self.pos, self.stack = pos, stack
+                        self.reduce()
+                elif op == 0x85:  # TUPLE1
+                    stack[-1] = value = (stack[-1],)
+                    if data[pos] == 0x94:
+                        memo[len(memo)] = value
+                        pos += 1
+                elif op == 0x86:  # TUPLE2
+                    second = stack.pop()
+                    stack[-1] = value = (stack[-1], second)
+                    if data[pos] == 0x94:
+                        memo[len(memo)] = value
+                        pos += 1
+                elif op == 0x4D:  # BININT2
+                    push(data[pos] | data[pos + 1] << 8)
+                    pos += 2
+                elif op == 0x4A:  # BININT
+                    push(_I32(data, pos)[0])
+                    pos += 4
+                elif op == 0x8C and (stop := pos + 1 + data[pos]) < end:  # SHORT_BINUNICODE
+                    # Decoded before pos moves on: a bad string is reported where its handler
+                    # reports it.
+                    push(value := data[pos + 1 : stop].decode("utf-8", "surrogatepass"))
+                    pos = stop
+                    if data[pos] == 0x94:
+                        memo[len(memo)] = value
+                        pos += 1
+                elif op == 0x89:  # NEWFALSE
+                    push(False)
+                elif op == 0x88:  # NEWTRUE
+                    push(True)
+                elif op == 0x4E:  # NONE
+                    push(None)
+                elif op == 0x8A and (stop := pos + 1 + data[pos]) < end:  # LONG1
+                    push(int.from_bytes(data[pos + 1 : stop], "little", signed=True))
+                    pos = stop
+                else:
+                    self.pos, self.stack = pos - 1, stack
+                    self.step()
+                    if self.result is not UNSET:
+                        return self.result
+                    pos, stack = self.pos, self.stack
+                    push = stack.append
+        except (ValueError, OverflowError, struct.error):  # load() says where
+            self.pos = max(self.pos, pos)  # a handler's own position is past the inline one
+            raise
+        except IndexError:  # only a pop or a top of an empty stack raises it above
+            raise MalformedMetadata(f"stack underflow at byte {pos}") from None
+        except KeyError:  # only a memo read raises it above
+            size = 4 if op == 0x6A else 1
+            index = int.from_bytes(data[pos : pos + size], "little")
+            raise MalformedMetadata(f"memo entry {index} read before it was set") from None
+        self.pos, self.stack = pos, stack
         while self.result is UNSET:
-            if self.pos >= end:
-                raise MalformedMetadata(
-                    f"the pickle ends at byte {end} before its STOP opcode (truncated)"
-                )
-            code = data[self.pos]
-            start = self.pos
-            self.pos += 1
-            handler = _HANDLERS.get(code)
-            if handler is None:
-                name = _NAMES.get(code)
-                if name in _REFUSED:
-                    raise RefusedPickle(self._refused_opcode(name))
-                raise MalformedMetadata(f"unknown opcode 0x{code:02x} at byte {start}")
-            handler(self)
+            self.step()
         return self.result
+
+    def step(self) -> None:
+        """Interpret the opcode at ``pos`` by its handler."""
+        data = self.data
+        if self.pos >= len(data):
+            raise MalformedMetadata(
+                f"the pickle ends at byte {len(data)} before its STOP opcode (truncated)"
+            )
+        code = data[self.pos]
+        start = self.pos
+        self.pos += 1
+        handler = _HANDLERS.get(code)
+        if handler is None:
+            name = _NAMES.get(code)
+            if name in _REFUSED:
+                raise RefusedPickle(self._refused_opcode(name))
+            raise MalformedMetadata(f"unknown opcode 0x{code:02x} at byte {start}")
+        handler(self)
 
     def _refused_opcode(self, name: str) -> str:
         what = f"opcode {name} ({_REFUSED[name]})"
@@ -177,26 +361,24 @@ class _Machine:
     # --- the stack -------------------------------------------------------------------------
 
     def pop(self) -> object:
-        if len(self.stack) <= self.floor:
+        if not self.stack:
             raise MalformedMetadata(f"stack underflow at byte {self.pos}")
         return self.stack.pop()
 
     def top(self) -> object:
-        if len(self.stack) <= self.floor:
+        if not self.stack:
             raise MalformedMetadata(f"stack underflow at byte {self.pos}")
         return self.stack[-1]
 
     def mark(self) -> None:
-        self.marks.append(len(self.stack))
-        self.floor = len(self.stack)
+        self.metastack.append(self.stack)
+        self.stack = []
 
     def pop_mark(self) -> list[object]:
-        if not self.marks:
+        if not self.metastack:
             raise MalformedMetadata(f"no MARK to pop at byte {self.pos}")
-        floor = self.marks.pop()
-        self.floor = self.marks[-1] if self.marks else 0
-        items = self.stack[floor:]
-        del self.stack[floor:]
+        items = self.stack
+        self.stack = self.metastack.pop()
         return items
 
     def push(self, value: object) -> None:
@@ -225,6 +407,12 @@ class _Machine:
         target = self.pop()
         if not isinstance(target, admitted.Global):
             raise RefusedPickle(f"REDUCE of {_kind(target)}")
+        # Reducing copies its arguments (torch.Size's dimensions, a path's parts), and they may
+        # be one long tuple named through the memo at every REDUCE: each copy is work.
+        if isinstance(args, (tuple, list)):
+            inner = args[0] if target.reducer == "Size" and len(args) == 1 else args
+            if isinstance(inner, (tuple, list)) and len(inner) > _INLINE_DIMS:
+                self.budget.spend(len(inner), f"REDUCE of {target.dotted} near byte {self.pos}")
         self.push(admitted.reduce(target, args))
 
     def newobj(self, args: object, kwargs: object) -> None:
@@ -251,22 +439,34 @@ class _Machine:
             raise MalformedMetadata(f"SETITEM on {_kind(target)}")
         if len(items) % 2:
             raise MalformedMetadata(f"SETITEMS with an odd number of items at byte {self.pos}")
-        for i in range(0, len(items), 2):
-            _check_key(items[i])
-            target.pairs.append((items[i], items[i + 1]))
+        keys = items[::2]
+        for key in keys:
+            if type(key) is not str:
+                self._check_key(key)
+        target.pairs.extend(zip(keys, items[1::2], strict=True))
+
+    def _check_key(self, key: object) -> None:
+        """Refuse a key Python could not hash, or could only hash by recursing into it."""
+        if isinstance(key, _SIMPLE_KEYS):
+            return
+        if isinstance(key, tuple):
+            if len(key) > _INLINE_DIMS:  # a long tuple named as a key again and again
+                self.budget.spend(len(key), f"a dict key near byte {self.pos}")
+            if all(isinstance(item, _SCALAR_KEYS) for item in key):
+                return
+        if isinstance(key, Instance) and key.cls.record == "MetadataIndex":
+            if not key.built:  # torch would hash it with no fields set, and fail
+                raise MalformedMetadata("a MetadataIndex used as a key before it was built")
+            return
+        raise MalformedMetadata(f"a dict key that is {_kind(key)}")
 
 
-def _check_key(key: object) -> None:
-    """Refuse a key Python could not hash, or could only hash by recursing into it."""
-    if isinstance(key, (*_SCALAR_KEYS, *_HASHABLE_RECORDS)):
-        return
-    if isinstance(key, tuple) and all(isinstance(item, _SCALAR_KEYS) for item in key):
-        return
-    if isinstance(key, Instance) and key.cls.record == "MetadataIndex":
-        if not key.built:  # torch would hash it with no fields set, and fail
-            raise MalformedMetadata("a MetadataIndex used as a key before it was built")
-        return
-    raise MalformedMetadata(f"a dict key that is {_kind(key)}")
+def _ints(values: tuple[object, ...]) -> bool:
+    # A loop, not all() of a generator: a few times faster on the two dimensions of a Size.
+    for value in values:  # noqa: SIM110
+        if type(value) is not int:
+            return False
+    return True
 
 
 def _kind(value: object) -> str:
@@ -437,7 +637,7 @@ def _mark(m: _Machine) -> None:
 
 def _pop(m: _Machine) -> None:
     # Lib/pickle.py load_pop: an empty stack above the last MARK pops the MARK instead.
-    if len(m.stack) > m.floor:
+    if m.stack:
         m.stack.pop()
     else:
         m.pop_mark()

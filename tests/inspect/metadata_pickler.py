@@ -5,6 +5,9 @@ Each record is written the way ``pickle.dump`` writes torch's class (measured fr
 2.13.0's files): ``cls.__new__`` by NEWOBJ then BUILD with its ``__dict__`` (TensorProperties
 with the 5-tuple of its ``__getstate__``), ``torch.Size`` and the rest by REDUCE. No memo is
 written; protocols 2 to 5 are supported (below 4 with GLOBAL instead of STACK_GLOBAL).
+
+:func:`memo_bomb` writes what ``pickle.dump`` never does: one chunk named again and again
+through the memo.
 """
 
 from __future__ import annotations
@@ -76,7 +79,10 @@ class Writer:
             self.op(b"J" + struct.pack("<i", value))
         else:
             raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
-            self.op(b"\x8a" + bytes([len(raw)]) + raw)
+            if len(raw) < 256:
+                self.op(b"\x8a" + bytes([len(raw)]) + raw)  # LONG1
+            else:
+                self.op(b"\x8b" + struct.pack("<i", len(raw)) + raw)  # LONG4
 
     def tuple_(self, items: tuple[object, ...]) -> None:
         if len(items) <= 3:
@@ -230,3 +236,46 @@ class Writer:
         if info.transform_descriptors is not None:
             state["transform_descriptors"] = list(info.transform_descriptors)
         self.new("_StorageInfo", state, module=DCP_FILESYSTEM)
+
+
+def memo_bomb(dims: int, references: int) -> bytes:
+    """A ``.metadata`` whose one tensor lists one chunk of ``dims`` dimensions ``references``
+    times, each a two- or five-byte memo reference: ``dims * references`` dimensions."""
+    w = Writer(4)
+    w.global_(DCP_METADATA, "Metadata")
+    w.op(b")\x81}(")
+    w.value("state_dict_metadata")
+    w.op(b"}(")
+    w.value("bomb")
+    w.global_(DCP_METADATA, "TensorStorageMetadata")
+    w.op(b")\x81}(")
+    w.value("properties")
+    w.properties(
+        records.TensorProperties(
+            records.DType("uint8"), records.Layout("strided"), False, "contiguous_format", False
+        )
+    )
+    w.value("size")
+    w.global_("torch", "Size")
+    w.op(b"(" + b"K\x00" * dims + b"t\x94")  # the dimensions, all 0: memo entry 0
+    w.op(b"\x85R")
+    w.value("chunks")
+    w.op(b"](")
+    w.global_(DCP_METADATA, "ChunkStorageMetadata")
+    w.op(b")\x81}(")
+    w.value("offsets")
+    w.global_("torch", "Size")
+    w.op(b"h\x00\x85R")
+    w.value("sizes")
+    w.global_("torch", "Size")
+    w.op(b"h\x00\x85R")  # the same dimensions again
+    w.op(b"ub\x94")  # the chunk: memo entry 1
+    w.op(b"h\x01" * (references - 1))
+    w.op(b"eub")
+    w.op(b"u")
+    w.value("storage_data")
+    w.op(b"}")
+    w.value("version")
+    w.value("1.0.0")
+    w.op(b"ub")
+    return b"\x80\x04" + b"".join(w.out) + b"."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import get_args
@@ -22,7 +23,9 @@ from inspect_data import (
     tensor,
     with_chunks,
 )
+from metadata_pickler import memo_bomb
 
+from dcp_invariant import canonical
 from dcp_invariant.inspect import inspect_checkpoint, metadata, records
 from dcp_invariant.inspect.errors import NotACheckpoint
 from dcp_invariant.inspect.problems import Cause
@@ -209,3 +212,61 @@ def test_a_checkpoint_torch_2_15_wrote_is_sound_and_its_strides_are_read(tmp_pat
             f.truncate(size)
     report = inspect_checkpoint(directory, world_size=4)
     assert report.problems == (), report.problems
+
+
+MUTANTS = 1000
+SEED = 20260
+
+
+def test_a_thousand_seeded_byte_mutants_are_reported_never_raised(tmp_path: Path) -> None:
+    """1 to 4 bytes of a real .metadata changed at random (seeded), a thousand times: every
+    outcome is a report, in each output mode, and nothing the pickle names ever runs."""
+    rng = random.Random(SEED)
+    original = metadata_bytes(2)
+    directory = make_checkpoint(tmp_path / "ckpt", 2)
+    causes = set()
+    for _ in range(MUTANTS):
+        raw = bytearray(original)
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        (directory / ".metadata").write_bytes(bytes(raw))
+        report = inspect_checkpoint(directory, world_size=3)
+        report.lines()
+        canonical.dumps(report.to_record())
+        assert report.sound == (report.problems == ())
+        causes |= {p.cause for p in report.problems}
+    assert causes <= set(get_args(Cause))
+    assert {"malformed metadata", "refused pickle"} <= causes  # the mutants did reach the checks
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_memo_bomb_is_a_too_large_problem(tmp_path: Path) -> None:
+    directory = make_checkpoint(tmp_path / "ckpt", 1, memo_bomb(100_000, 30_000))
+    report = inspect_checkpoint(directory, world_size=2)
+    (problem,) = report.problems
+    assert str(problem).startswith("too large: state_dict_metadata['bomb'].chunks[")
+    assert report.contents is None and report.estimate is None
+
+
+def test_corners_of_many_tensors_share_the_budget(tmp_path: Path) -> None:
+    """Each tensor's corners are bounded; many tensors of many corners pass the file's budget."""
+
+    def cornered(meta: records.Metadata) -> records.Metadata:
+        state = dict(meta.state_dict_metadata)
+        storage = dict(meta.storage_data or {})
+        shape = (2,) * 12
+        half = records.ChunkStorageMetadata((0,) * 12, (1,) * 12)  # 2**12 corners, a gap
+        for t in range(40):
+            key = f"t{t}"
+            state[key] = records.TensorStorageMetadata(
+                tensor(meta, "plain.u8").properties, shape, (half,)
+            )
+            storage[records.MetadataIndex(key, half.offsets)] = records.StorageInfo(
+                "__0_0.distcp", 0, 1
+            )
+        return dataclasses.replace(meta, state_dict_metadata=state, storage_data=storage)
+
+    directory = make_checkpoint(tmp_path / "ckpt", 1, edited(1, cornered))
+    (problem,) = said(directory)
+    assert problem.startswith("too large: t")
+    assert ": the corners of its chunks: the records of .metadata expand to more than" in problem

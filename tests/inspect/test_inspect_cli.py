@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from inspect_data import make_checkpoint
+from inspect_data import edited, make_checkpoint, tensor
+from metadata_pickler import memo_bomb
 
 from dcp_invariant import canonical, cli
+from dcp_invariant.inspect import records
 
 SUBPROCESS_TIMEOUT = 120
 
@@ -163,3 +167,78 @@ def test_the_console_script_exits_as_main_does(tmp_path: Path) -> None:
     )
     assert (sound.returncode, missing.returncode) == (0, 2)
     assert missing.stderr.count(b"\n") == 1 and b"Traceback" not in missing.stderr
+
+
+# --- numbers out of range and records past the budget, in every output mode ------------------
+
+_MODES = {"text": (), "json": ("--json",), "estimate": ("--world-size", "3")}
+
+
+def _length(value: int) -> bytes:
+    def change(meta: records.Metadata) -> records.Metadata:
+        assert meta.storage_data is not None
+        index = records.MetadataIndex("extra.step")
+        storage = dict(meta.storage_data)
+        storage[index] = dataclasses.replace(storage[index], length=value)
+        return dataclasses.replace(meta, storage_data=storage)
+
+    return edited(1, change)
+
+
+def _size(size: tuple[int, ...]) -> bytes:
+    def change(meta: records.Metadata) -> records.Metadata:
+        state = dict(meta.state_dict_metadata)
+        state["plain.f32"] = dataclasses.replace(tensor(meta, "plain.f32"), size=size)
+        return dataclasses.replace(meta, state_dict_metadata=state)
+
+    return edited(1, change)
+
+
+_HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
+    "length 2**2000": (lambda: _length(2**2000), "bad value: storage_data['extra.step'].length"),
+    "length 2**20000": (lambda: _length(2**20000), "bad value: storage_data['extra.step'].length"),
+    "shape (2**63+1, 4)": (
+        lambda: _size((2**63 + 1, 4)),
+        "bad value: state_dict_metadata['plain.f32'].size[0] is 9223372036854775809",
+    ),
+    "shape of 4400 digits": (
+        lambda: _size((2**62,) * 240),
+        "bad value: state_dict_metadata['plain.f32'].size (",
+    ),
+    "memo bomb": (lambda: memo_bomb(100_000, 30_000), "too large: state_dict_metadata['bomb']"),
+}
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("case", _HOSTILE)
+def test_bad_values_and_budget_exit_1_with_the_reason_in_every_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, mode: str
+) -> None:
+    build, says = _HOSTILE[case]
+    directory = make_checkpoint(tmp_path / "ckpt", 1, build())
+    code, out, err = run(capsys, str(directory), *_MODES[mode])
+    assert (code, err) == (1, "")
+    if mode == "json":
+        record = canonical.loads(out.encode("utf-8"))
+        problems = record["problems"]
+        assert record["sound"] is False and record["contents"] is None
+    else:
+        lines = out.splitlines()
+        problems = [
+            line.removeprefix("problem: ") for line in lines if line.startswith("problem: ")
+        ]
+        assert out.splitlines()[-1] == "verdict: 1 problem"
+    assert len(problems) == 1 and problems[0].startswith(says), problems
+
+
+def test_the_console_script_refuses_the_memo_bomb(tmp_path: Path) -> None:
+    directory = make_checkpoint(tmp_path / "ckpt", 1, memo_bomb(100_000, 30_000))
+    done = subprocess.run(
+        [sys.executable, "-m", "dcp_invariant", "inspect", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 1 and done.stderr == ""
+    assert "problem: too large: state_dict_metadata['bomb'].chunks[" in done.stdout

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from inspect_data import parsed, tensor
 
 from dcp_invariant.inspect import estimate, records
+from dcp_invariant.inspect.budget import Budget
+from dcp_invariant.inspect.errors import MetadataTooLarge
 
 
 def stored(meta: records.Metadata, key: str) -> int:
@@ -54,12 +56,32 @@ def test_the_largest_tensor_is_the_one_with_the_most_stored_bytes() -> None:
 def test_a_row_count_that_does_not_divide_leaves_the_last_ranks_less() -> None:
     # torch.chunk(10 rows, 4): 3, 3, 3, 1 rows.
     assert estimate._row_shares(1000, 10, 4) == [300, 300, 300, 100]
-    # torch.chunk(3 rows, 4): 1, 1, 1, 0 rows.
-    assert estimate._row_shares(30, 3, 4) == [10, 10, 10, 0]
+    # torch.chunk(3 rows, 4): 1, 1, 1, 0 rows; the rank without rows is left out.
+    assert estimate._row_shares(30, 3, 4) == [10, 10, 10]
+    # torch.chunk(5 rows, 4): 2, 2, 1, 0 rows.
+    assert estimate._row_shares(50, 5, 4) == [20, 20, 10]
 
 
 @settings(max_examples=200, deadline=None, database=None)
 @given(st.integers(0, 10**12), st.integers(1, 10**6), st.integers(1, 512))
 def test_row_shares_add_up_to_the_bytes_exactly(size: int, rows: int, world_size: int) -> None:
     shares = estimate._row_shares(size, rows, world_size)
-    assert len(shares) == world_size and sum(shares) == size and min(shares) >= 0
+    assert len(shares) == min(world_size, -(-rows // -(-rows // world_size)))
+    assert sum(shares) == size and min(shares) >= 0
+
+
+def test_each_sharded_tensor_spends_one_unit_a_rank_with_rows_and_a_whole_key_none() -> None:
+    meta = parsed(2)
+    sharded = [
+        item.size[0]
+        for key, item in meta.state_dict_metadata.items()
+        if isinstance(item, records.TensorStorageMetadata) and estimate.is_sharded(item)
+    ]
+    budget = Budget(10**6)
+    estimate.estimate(meta, 65536, budget)
+    assert budget.spent == sum(sharded)  # each has fewer rows than ranks: a rank a row
+    budget = Budget(10**6)
+    estimate.estimate(meta, 2, budget)
+    assert budget.spent == 2 * len(sharded)
+    with pytest.raises(MetadataTooLarge, match=r": its share of each of \d+ ranks: the records"):
+        estimate.estimate(meta, 65536, Budget(sum(sharded) - 1))

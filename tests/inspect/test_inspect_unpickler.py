@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import pickletools
+import random
 import subprocess
 import sys
 import tracemalloc
@@ -19,8 +20,9 @@ from hypothesis import strategies as st
 from inspect_data import metadata_bytes
 
 from dcp_invariant.inspect import unpickler
-from dcp_invariant.inspect.errors import MalformedMetadata, RefusedPickle
-from dcp_invariant.inspect.unpickler import PickledDict
+from dcp_invariant.inspect.budget import Budget
+from dcp_invariant.inspect.errors import MalformedMetadata, MetadataTooLarge, RefusedPickle
+from dcp_invariant.inspect.unpickler import Instance, PickledDict
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 
@@ -306,3 +308,74 @@ def test_bytes_read_as_pickle_loads_reads_them_from_protocol_3(
 def test_bytes_below_protocol_3_are_a_call_and_refused() -> None:
     # Python 3 pickles bytes for Python 2 readers as _codecs.encode(text, 'latin1'): a call.
     assert _refusal(pickle.dumps(b"x", protocol=2)) == "global _codecs.encode"
+
+
+# --- the inline loop against the handlers -----------------------------------------------------
+
+
+def _graph(value: object) -> object:
+    """A value as nested plain tuples, shared and cyclic references numbered: two loads are
+    equal when their graphs are."""
+    seen: dict[int, int] = {}
+
+    def walk(v: object) -> object:
+        if isinstance(v, (Instance, PickledDict, list, tuple)):
+            if id(v) in seen:
+                return ("ref", seen[id(v)])
+            seen[id(v)] = len(seen)
+        if isinstance(v, Instance):
+            return ("instance", v.cls.dotted, "unset" if not v.built else walk(v.state))
+        if isinstance(v, PickledDict):
+            return ("dict", tuple(walk(pair) for pair in v.pairs))
+        if isinstance(v, (list, tuple)):
+            return (type(v).__name__, tuple(walk(item) for item in v))
+        return ("value", type(v).__name__, v)
+
+    return walk(value)
+
+
+def _outcome(data: bytes, *, inline: bool) -> object:
+    """What loading ``data`` gives or raises, through the inline loop or the handlers alone."""
+    try:
+        if inline:
+            return _graph(unpickler.load(data))
+        budget = Budget()
+        budget.for_bytes(len(data))
+        machine = unpickler._Machine(data, budget)
+        try:
+            while machine.result is unpickler.UNSET:
+                machine.step()
+        except (RefusedPickle, MalformedMetadata, MetadataTooLarge):
+            raise
+        except (ValueError, OverflowError, UnicodeDecodeError) as exc:
+            raise MalformedMetadata(f"invalid pickle near byte {machine.pos}: {exc}") from exc
+        return _graph(machine.result)
+    except (RefusedPickle, MalformedMetadata, MetadataTooLarge) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _mutants(data: bytes, count: int, seed: int) -> Iterator[bytes]:
+    rng = random.Random(seed)
+    for _ in range(count):
+        raw = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        yield bytes(raw)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_the_inline_loop_reads_real_files_as_the_handlers_do(world_size: int) -> None:
+    data = metadata_bytes(world_size)
+    assert _outcome(data, inline=True) == _outcome(data, inline=False)
+
+
+def test_the_inline_loop_and_the_handlers_agree_on_every_mutant() -> None:
+    for data in _mutants(metadata_bytes(2), 1000, seed=7):
+        assert _outcome(data, inline=True) == _outcome(data, inline=False), data
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(_values(_SCALARS | st.binary(max_size=10)), st.sampled_from(range(3, 6)))
+def test_the_inline_loop_and_the_handlers_agree_on_plain_data(value: object, protocol: int) -> None:
+    data = pickle.dumps(value, protocol=protocol)
+    assert _outcome(data, inline=True) == _outcome(data, inline=False)
