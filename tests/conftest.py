@@ -97,22 +97,34 @@ def rebuild(tmp_path: Path) -> Callable[[Callable[[Observations], None]], Path]:
     return make
 
 
+# Tests that install the newest registered torch as PyPI's default build (on Linux x86_64 the
+# CUDA one, about 5 GB): .github/workflows/newest-torch.yml runs them weekly and on every release
+# tag; anywhere else they run only when the -m expression names this marker.
+RELEASE_MARKER = "release"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave to the workflow's jobs the tests they run, when they run here.
+    """Leave out the release tests unless asked for, and leave to the workflow's jobs the tests
+    they run, when they run here.
 
     tests/test_local_workflow.py runs the CI workflow's Linux jobs: the quality jobs run the
     torch-free tests on each Python, the integration job the live tests against the action's
     installation, the package job the package tests. Running them in this session too would
-    only repeat them; the release tests, which every job skips, stay. An explicit ``-m``, or a
-    session that does not collect that module (or runs inside a job, where it skips itself),
-    keeps every test.
+    only repeat them. An explicit ``-m``, or a session that does not collect that module (or
+    runs inside a job, where it skips itself), keeps every test.
     """
-    if config.option.markexpr or os.environ.get("GITHUB_ACTIONS") == "true":
+    markexpr = config.option.markexpr or ""
+    if RELEASE_MARKER not in markexpr:
+        _deselect(config, items, [i for i in items if i.get_closest_marker(RELEASE_MARKER)])
+    if markexpr or os.environ.get("GITHUB_ACTIONS") == "true":
         return
     if not any(item.get_closest_marker("workflow") for item in items):
         return
-    kept = [i for i in items if i.get_closest_marker("workflow") or i.get_closest_marker("release")]
-    moved = [i for i in items if i not in set(kept)]
+    _deselect(config, items, [i for i in items if not i.get_closest_marker("workflow")])
+
+
+def _deselect(config: pytest.Config, items: list[pytest.Item], moved: list[pytest.Item]) -> None:
     if moved:
+        gone = set(moved)
         config.hook.pytest_deselected(items=moved)
-        items[:] = kept
+        items[:] = [i for i in items if i not in gone]

@@ -454,6 +454,9 @@ class Runner:
     environment: Mapping[str, str] = field(default_factory=dict)  # the network, for every job
     ref: str = "refs/heads/main"  # what triggered the run: a push to main, or a tag
     workflow: str = "ci"
+    # Steps that another job of this session runs on the same tree, by their ``run:`` text, and
+    # which one: each is skipped with that note, as its result would repeat the other's.
+    covered: Mapping[str, str] = field(default_factory=dict)
     uploads: Uploads = field(init=False)
     _count: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -574,6 +577,9 @@ class _JobRun:
             started = time.monotonic()
             if not scope.condition(spec.get("if")):
                 step = StepResult(name, "skipped", "skipped", note=f"if: {spec.get('if')}")
+            elif spec.get("run") in self.runner.covered:
+                note = f"covered: {self.runner.covered[spec['run']]} runs the same step"
+                step = StepResult(name, "skipped", "skipped", note=note)
             elif "uses" in spec:
                 step = self.uses(name, spec, scope)
             else:

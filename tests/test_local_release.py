@@ -1,8 +1,10 @@
 """The release workflow's build job, run here as written (:mod:`local_runner`) on a tag push.
 
-The build job's steps run as on a runner: the tools, the tag check, the build, twine and
-check-wheel-contents, the package tests (the wheel installed with torch's CPU build: run, verify,
-the pytest plugin), SHA256SUMS and the uploads. The publish and github-release jobs need
+The build job's steps run as on a runner: the tag check, the tools, the build, twine and
+check-wheel-contents, SHA256SUMS and the uploads. Its package tests (the wheel installed with
+torch's CPU build: run, verify, the pytest plugin) are the very step ci.yml's package-boundary
+job runs on this same tree, which tests/test_local_workflow.py runs in this session: here that
+step is skipped as covered, and a test checks that it still reads the same in both workflows. The publish and github-release jobs need
 GitHub's OIDC token, PyPI's trusted publisher and the GitHub API: only a GitHub run shows them;
 tests/test_workflows.py checks what they are given.
 """
@@ -22,6 +24,8 @@ from dcp_invariant import __version__
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASE = REPO / ".github" / "workflows" / "release.yml"
+CI = REPO / ".github" / "workflows" / "ci.yml"
+PACKAGE_STEP = "Install the wheel and run it"
 
 pytestmark = [
     pytest.mark.workflow,
@@ -42,9 +46,37 @@ def _build_job(tag: str, root: Path) -> Any:
     [build] = [j for j in local_runner.expand(local_runner.load_yaml(RELEASE)) if j.key == "build"]
     with local_torch_index.serve(root / "index") as served:
         runner = local_runner.Runner(
-            REPO, root / "run", served.environment(), ref=f"refs/tags/{tag}", workflow="release"
+            REPO,
+            root / "run",
+            served.environment(),
+            ref=f"refs/tags/{tag}",
+            workflow="release",
+            covered=_package_steps(),
         )
         return runner.run(build), runner.uploads.directory
+
+
+def _package_steps() -> dict[str, str]:
+    """The package-boundary job's steps, by their ``run:`` text."""
+    import local_runner
+
+    [package] = [
+        j for j in local_runner.expand(local_runner.load_yaml(CI)) if j.key == "package-boundary"
+    ]
+    return {
+        step["run"]: "ci.yml's package-boundary job (tests/test_local_workflow.py)"
+        for step in package.spec["steps"]
+        if "run" in step and not step.get("env")
+    }
+
+
+def test_the_release_build_jobs_package_tests_are_the_package_jobs() -> None:
+    """What the skip above rests on: the release's package tests are ci.yml's, word for word."""
+    import local_runner
+
+    [build] = [j for j in local_runner.expand(local_runner.load_yaml(RELEASE)) if j.key == "build"]
+    [step] = [s for s in build.spec["steps"] if s.get("name") == PACKAGE_STEP]
+    assert not step.get("env") and step["run"] in _package_steps()
 
 
 def test_the_release_build_job_passes_on_the_versions_tag(tmp_path: Path) -> None:
@@ -54,6 +86,8 @@ def test_the_release_build_job_passes_on_the_versions_tag(tmp_path: Path) -> Non
     print(result.report())
 
     assert result.passed, f"{result.report()}\n{result.failures()}"
+    skipped = {s.name: s.note for s in result.steps if s.outcome == "skipped"}
+    assert list(skipped) == [PACKAGE_STEP] and skipped[PACKAGE_STEP].startswith("covered: ")
     dist = sorted(p.name for p in (uploads / "dist").iterdir())
     assert dist == [
         f"dcp_invariant-{__version__}-py3-none-any.whl",
@@ -75,6 +109,9 @@ def test_a_tag_that_is_not_the_version_stops_the_release_before_the_build(
     outcomes = {s.name: s.outcome for s in result.steps}
 
     assert outcomes["The tag is the package's version"] == "failure"
+    # Nothing is installed or built for a tag that cannot be released.
+    assert outcomes["Install the build and check tools"] == "skipped"
+    assert outcomes["Build"] == "skipped"
     assert "does not name pyproject.toml's version" in next(
         s.log for s in result.steps if s.name == "The tag is the package's version"
     )

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 ACTION = REPO / "action.yml"
 CI = REPO / ".github" / "workflows" / "ci.yml"
 RELEASE = REPO / ".github" / "workflows" / "release.yml"
+NEWEST_TORCH = REPO / ".github" / "workflows" / "newest-torch.yml"
 README = REPO / "README.md"
 EXAMPLE_FIXTURE = REPO / "examples" / "mlp_fixture.py"
 BUGGY_FIXTURE = REPO / "examples" / "buggy_mlp_fixture.py"
@@ -137,8 +138,9 @@ def tool(name: str) -> str | None:
         ("vendor.github-actions", ACTION),
         ("vendor.github-workflows", CI),
         ("vendor.github-workflows", RELEASE),
+        ("vendor.github-workflows", NEWEST_TORCH),
     ],
-    ids=["action.yml", "ci.yml", "release.yml"],
+    ids=["action.yml", "ci.yml", "release.yml", "newest-torch.yml"],
 )
 def test_files_match_githubs_schema(schema: str, path: Path) -> None:
     if importlib.util.find_spec("check_jsonschema") is None:
@@ -302,7 +304,11 @@ PINNED_USES = re.compile(r"^[0-9a-f]{40}$")
 VERSION_COMMENT = re.compile(r"^\s+#\s*(?P<version>v\d+\.\d+\.\d+)\s*$")
 
 
-@pytest.mark.parametrize("path", [CI, RELEASE, ACTION], ids=["ci.yml", "release.yml", "action.yml"])
+@pytest.mark.parametrize(
+    "path",
+    [CI, RELEASE, NEWEST_TORCH, ACTION],
+    ids=["ci.yml", "release.yml", "newest-torch.yml", "action.yml"],
+)
 def test_remote_actions_are_pinned_to_the_known_release_commits(path: Path) -> None:
     parsed = load_yaml(path)
     steps = action_steps(parsed) if path == ACTION else ci_steps(parsed)
