@@ -26,6 +26,7 @@ MIN_FREE_BYTES = 64 << 20
 # AF_UNIX socket paths are limited to 108 bytes on Linux and 104 on macOS (sys/un.h); the fork
 # server's socket lies two levels below the temp directory.
 MAX_SOCKET_PARENT = 60
+SOCKET_HOLDER_PREFIX = "dcpi-"
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 
 
@@ -188,7 +189,9 @@ def _short_socket_directory(parent: Path) -> Path | None:
     )
     if short_parent is None:
         return None
-    holder = tempfile.mkdtemp(prefix="dcpi-", dir=short_parent)
+    # Named for the process that owns it (it goes at that process's exit), so that a dead
+    # process's leftover in a shared /tmp can be told from a live one's.
+    holder = tempfile.mkdtemp(prefix=f"{SOCKET_HOLDER_PREFIX}{os.getpid()}-", dir=short_parent)
     saved, tempfile.tempdir = tempfile.tempdir, holder
     try:
         util.get_temp_dir()  # cached for this process from now on

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import IO
 
 import pytest
 
-from dcp_invariant.suite import pool
+from dcp_invariant.suite import pool, workspace
 
 pytestmark = pytest.mark.live
 
@@ -219,35 +220,42 @@ def beside_output(run: Run) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p not in (run.tmpdir, run.output))
 
 
-def socket_holders() -> set[Path]:
-    """The short directories runs make for multiprocessing's socket when TMPDIR is long
-    (``_short_socket_directory`` in dcp_invariant/suite/workspace.py)."""
-    return {p for d in ("/tmp", "/var/tmp") for p in Path(d).glob("dcpi-*")}
-
-
 # How long a test waits for what a run leaves on disk to go once its processes are gone: the
 # guardian removes it after it sees the last one die, and on a loaded machine (another test's
 # run beside this one) that may take seconds. The promises about processes keep their bounds.
 SETTLE = 10.0
 
 
-def stray_socket_holders(before: set[Path]) -> set[Path]:
-    """Of the socket directories made since ``before``, those no live run listens in.
+def socket_holders() -> set[Path]:
+    """The short directories runs make for multiprocessing's socket when TMPDIR is long
+    (``_short_socket_directory`` in dcp_invariant/suite/workspace.py)."""
+    prefix = workspace.SOCKET_HOLDER_PREFIX
+    return {p for d in ("/tmp", "/var/tmp") for p in Path(d).glob(f"{prefix}*")}
 
-    /tmp is shared: a run of another test (another pytest-xdist worker) makes and removes its
-    own. A live run's directory holds its fork server's bound socket, which the kernel lists in
-    /proc/net/unix (proc(5)); a dead run's leftover holds none. A directory between its making
-    and its socket's binding looks like a leftover for an instant, so callers poll.
+
+def stray_socket_holders(before: set[Path]) -> set[Path]:
+    """Of the socket directories made since ``before``, those whose process is gone.
+
+    /tmp is shared: another test's run, or another pytest-xdist worker, makes and removes its
+    own, and a process keeps its directory until it exits. Each is named for the process that
+    owns it (``dcpi-<pid>-...``), so only a dead process's directory is a leftover.
     """
-    new = socket_holders() - before
-    if not new:
-        return new
+    prefix = workspace.SOCKET_HOLDER_PREFIX
+    stray = set()
+    for holder in socket_holders() - before:
+        owner = holder.name.removeprefix(prefix).split("-", 1)[0]
+        if not owner.isdigit() or not running(int(owner)):
+            stray.add(holder)
+    return stray
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` names a process that has not exited (a zombie has)."""
     try:
-        table = Path("/proc/net/unix").read_text().splitlines()[1:]
+        status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return new
-    bound = {line.split()[-1] for line in table if len(line.split()) >= 8}
-    return {d for d in new if not any(path.startswith(f"{d}/") for path in bound)}
+        return False
+    return re.search(r"^State:\s+Z", status, re.M) is None
 
 
 @linux_only
