@@ -160,6 +160,10 @@ def _rank_main(out: Path, rank: int, world_size: int, store: Path, mib: int, tin
             }
             state["extra"] = {"step": 3, "name": "run-1", "nested": {"a": 1, "b": [1, 2]}}
         dcp.save(state, checkpoint_id=str(out))
+        # Every rank past the save before any tears Gloo down: a rank that destroys its group
+        # while a peer is still in the save's last collective aborts that peer ("terminate
+        # called without an active exception", exit -6; seen once in a clean-clone CI run).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
