@@ -507,6 +507,19 @@ def test_the_live_job_installs_the_loops_extra_pins(
     assert sorted(installed) == sorted([*extras["loops"], *runners])
 
 
+def test_the_weekly_real_loops_take_cpu_torch_at_the_runtime_pin(pyproject: dict[str, Any]) -> None:
+    extras = pyproject["project"]["optional-dependencies"]
+    job = load_yaml(NEWEST_TORCH)["jobs"]["real-loops"]
+    script = "\n".join(s.get("run", "") for s in job["steps"])
+    # From the CPU index, before anything that could pull PyPI's multi-GB CUDA build for it.
+    cpu = re.findall(
+        r'--index-url https://download\.pytorch\.org/whl/cpu "(torch==[\w.]+)"', script
+    )
+    assert cpu == [requirement_pin(extras["runtime"], "torch")]
+    assert script.index("whl/cpu") < script.index("[runtime,loops]")
+    assert "-m real_loops" in script
+
+
 def test_action_outputs_come_from_existing_steps(action: dict[str, Any]) -> None:
     ids = {s["id"] for s in action_steps(action) if "id" in s}
     outputs = action["outputs"]

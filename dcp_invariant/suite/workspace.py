@@ -171,6 +171,18 @@ def _unlocked(lock_path: Path) -> bool:
     return True
 
 
+def socket_holder_owner(path: Path) -> int | None:
+    """The PID of the process a socket holder (``dcpi-<pid>-...``) belongs to, or None."""
+    if not path.name.startswith(SOCKET_HOLDER_PREFIX):
+        return None
+    owner = path.name.removeprefix(SOCKET_HOLDER_PREFIX).split("-", 1)[0]
+    return int(owner) if owner.isdigit() else None
+
+
+# This process's socket holder, once made (a forked child inherits its parent's: hence the PID).
+_holder: tuple[int, Path] | None = None
+
+
 def _short_socket_directory(parent: Path) -> Path | None:
     """Keep the fork server's socket path short when the temp directory's path is long.
 
@@ -182,6 +194,11 @@ def _short_socket_directory(parent: Path) -> Path | None:
     """
     if sys.platform == "win32" or len(str(parent)) <= MAX_SOCKET_PARENT:
         return None
+    global _holder
+    if _holder is not None and _holder[0] == os.getpid():
+        # multiprocessing chose its directory once for this process: a second holder would
+        # stay empty until exit, one per run of a long-lived caller (check() in a test session).
+        return _holder[1]
     from multiprocessing import util
 
     short_parent = next(
@@ -200,4 +217,5 @@ def _short_socket_directory(parent: Path) -> Path | None:
     # multiprocessing removes its pymp-* directory in an exit finalizer of priority -100; this
     # one, at -101, runs after it.
     util.Finalize(None, shutil.rmtree, args=(holder, True), exitpriority=-101)
-    return Path(holder)
+    _holder = (os.getpid(), Path(holder))
+    return _holder[1]

@@ -69,10 +69,12 @@ def test_check_of_a_buggy_loop_ranks_the_cause_and_keeps_the_evidence(tmp_path: 
             shutil.rmtree(report.artifact.parent)
 
 
+# One world size: the bug shows at the first resume, and a second size would only add the
+# torchrun restart's fresh interpreters (about 15 CPU-s) to each of the two runs of this test.
 _BUGGY_TEST = """
 
 def test_resume_of_the_buggy_copy(dcp_invariant):
-    dcp_invariant.check("examples.buggy_mlp_fixture:fixture", world_sizes=[1, 2])
+    dcp_invariant.check("examples.buggy_mlp_fixture:fixture", world_sizes=[1])
 """
 
 

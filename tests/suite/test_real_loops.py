@@ -173,6 +173,10 @@ def test_a_llama_ddp_loop_with_state_outside_state_dict_fails_naming_the_cause(
 # --- an FSDP2 Llama with a StatefulDataLoader per rank, its state keyed by rank ----------------
 
 
+# The same causes, named the same way, are proved on every change by a small loop
+# (test_fixture_live.py, rank-keyed state that cannot reshard); this is the real FSDP2 loop's
+# proof, 100 CPU-s, with the other slow loops.
+@SLOW
 def test_rank_keyed_loader_state_resumes_and_fails_only_to_reshard_undeclared(
     tmp_path: Path,
 ) -> None:

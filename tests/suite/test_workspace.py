@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -88,3 +90,35 @@ def test_a_workspace_that_cannot_be_removed_does_not_lose_the_run(
     assert "could not remove the workspace" in capsys.readouterr().err
     monkeypatch.undo()
     assert workspace.sweep_stale(tmp_path) == [path]  # unlocked: the next run removes it
+
+
+SECOND_RUN_IN_ONE_PROCESS = """
+import sys, tempfile
+from pathlib import Path
+from dcp_invariant.suite import workspace
+parent = Path(sys.argv[1])
+first = workspace._short_socket_directory(parent)
+second = workspace._short_socket_directory(parent)
+made = sorted(p.name for p in first.parent.glob(f"{workspace.SOCKET_HOLDER_PREFIX}{__import__('os').getpid()}-*"))
+print(first == second, len(made), workspace.socket_holder_owner(first) == __import__('os').getpid())
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no socket holder on Windows")
+def test_one_process_makes_one_socket_holder_however_many_runs_it_starts(tmp_path: Path) -> None:
+    # multiprocessing picks its socket directory once per process; a holder per run would stay
+    # empty, and stay until the process exits (a test session calling check() made dozens).
+    long_parent = tmp_path / ("p" * 70)
+    long_parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_RUN_IN_ONE_PROCESS, str(long_parent)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "1", "True"], done.stdout
+
+
+def test_a_socket_holders_owner_is_read_from_its_name() -> None:
+    assert workspace.socket_holder_owner(Path("/tmp/dcpi-4242-x1y2")) == 4242
+    assert workspace.socket_holder_owner(Path("/tmp/dcpi-abc-x1y2")) is None
+    assert workspace.socket_holder_owner(Path("/tmp/pymp-4242")) is None
