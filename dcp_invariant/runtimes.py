@@ -94,8 +94,8 @@ def registered_pairs(platform: str | None = None) -> str:
 
 
 def install_command(version: str = "") -> str:
-    """The command that installs a registered torch as its CPU wheel (on Linux PyPI's default
-    build is the CUDA one, which the run refuses)."""
+    """The command that installs a registered torch as its CPU wheel: on Linux PyPI's default
+    build is the CUDA one: registered too, but a multi-GB download, and `run` uses no GPU."""
     return (
         f"python -m pip install torch=={version or DEFAULT_TORCH_VERSION} --index-url {CPU_INDEX}"
     )

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from artifact_data import (
@@ -38,6 +39,19 @@ collect_ignore = (
         if _IMPORTS_HYPOTHESIS.search(path.read_text(encoding="utf-8"))
     )
 )
+
+
+# The local runner's job reports, each step with its seconds, shown once the session ends: a
+# passing job's output is captured, and .ci/run's time is what these jobs add up to.
+JOB_REPORTS = pytest.StashKey[list[str]]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    reports = config.stash.get(JOB_REPORTS, [])
+    if reports:
+        terminalreporter.section("the workflow jobs run here, and each step's seconds")
+        for report in reports:
+            terminalreporter.write_line(report)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -79,11 +79,17 @@ def test_the_release_build_jobs_package_tests_are_the_package_jobs() -> None:
     assert not step.get("env") and step["run"] in _package_steps()
 
 
-def test_the_release_build_job_passes_on_the_versions_tag(tmp_path: Path) -> None:
+def test_the_release_build_job_passes_on_the_versions_tag(
+    tmp_path: Path, pytestconfig: pytest.Config
+) -> None:
+    from conftest import JOB_REPORTS
+
     result, uploads = _build_job(f"v{__version__}", tmp_path)
     if result.skipped:
         pytest.skip(result.skipped)
     print(result.report())
+    reports = pytestconfig.stash.setdefault(JOB_REPORTS, [])
+    reports.append(f"{result.report()}\n  [{result.seconds:.0f} s in all]")
 
     assert result.passed, f"{result.report()}\n{result.failures()}"
     skipped = {s.name: s.note for s in result.steps if s.outcome == "skipped"}

@@ -124,10 +124,13 @@ def _plan(jobs: list[Any]) -> list[tuple[str, dict[str, str]]]:
 
 
 @pytest.fixture(scope="module")
-def workflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def workflow(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[dict[str, Any]]:
     """Every job's result, by name: the Linux ones run, the others evaluated."""
     import local_runner
     import local_torch_index
+    from conftest import JOB_REPORTS
 
     for tool in ("bash", "git", "openssl"):
         if shutil.which(tool) is None:
@@ -155,6 +158,10 @@ def workflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         for i in live:
             results[i] = run(i)
     ordered = [results[i] for i in range(len(jobs))]
+    reports = pytestconfig.stash.setdefault(JOB_REPORTS, [])
+    for result in ordered:
+        if isinstance(result, local_runner.JobResult) and not result.skipped:
+            reports.append(f"{result.report()}\n  [{result.seconds:.0f} s in all]")
     ran = [
         r
         if isinstance(r, local_runner.JobResult)

@@ -146,6 +146,9 @@ def test_the_sdist_has_sources_and_tests_and_no_debris(dist: Path) -> None:
     for wanted in (
         "pyproject.toml",
         "README.md",
+        "docs/index.md",
+        "mkdocs.yml",
+        "CHANGELOG.md",
         "action.yml",
         "dcp_invariant/cli.py",
         "tests/suite/test_live.py",

@@ -31,6 +31,8 @@ CI = REPO / ".github" / "workflows" / "ci.yml"
 RELEASE = REPO / ".github" / "workflows" / "release.yml"
 NEWEST_TORCH = REPO / ".github" / "workflows" / "newest-torch.yml"
 README = REPO / "README.md"
+# The action's page of the docs: its inputs table and its workflow examples.
+ACTION_PAGE = REPO / "docs" / "action.md"
 EXAMPLE_FIXTURE = REPO / "examples" / "mlp_fixture.py"
 BUGGY_FIXTURE = REPO / "examples" / "buggy_mlp_fixture.py"
 ZIZMOR_CONFIG = REPO / ".github" / "zizmor.yml"
@@ -48,7 +50,7 @@ PINNED = {
     ("pypa/gh-action-pypi-publish", "v1.8.14"): "81e9d935c883d0b210363ab89cf05f3894778450",
 }
 # Thirteen jobs: quality on two OSes and every supported Python, integration on every OS the
-# README names and two Pythons, one package-boundary job.
+# docs name and two torch releases, one package-boundary job.
 # (OSes, second axis, its values). The integration jobs run the oldest and newest registered
 # torch release on each OS.
 MATRICES = {
@@ -257,18 +259,20 @@ def test_matrix_axes(ci: dict[str, Any], job: str) -> None:
     assert all(isinstance(v, str) for v in matrix[axis])
 
 
-def test_every_readme_os_runs_the_action_and_every_python_is_tested(ci: dict[str, Any]) -> None:
+def test_every_documented_os_runs_the_action_and_every_python_is_tested(
+    ci: dict[str, Any],
+) -> None:
     from ruamel.yaml import YAML
 
-    readme_oses = set()
-    for block in readme_blocks("yaml"):
+    documented_oses = set()
+    for block in doc_blocks("yaml", README, ACTION_PAGE):
         parsed = YAML(typ="safe").load(block)
         for job in parsed.get("jobs", {}).values() if isinstance(parsed, dict) else []:
-            readme_oses |= set(((job.get("strategy") or {}).get("matrix") or {}).get("os", []))
-    assert {"ubuntu-latest", "windows-latest", "macos-latest"} <= readme_oses
+            documented_oses |= set(((job.get("strategy") or {}).get("matrix") or {}).get("os", []))
+    assert {"ubuntu-latest", "windows-latest", "macos-latest"} <= documented_oses
 
     # The integration job is the one that runs the action (uses: ./) on each OS.
-    assert readme_oses <= set(ci["jobs"]["integration"]["strategy"]["matrix"]["os"])
+    assert documented_oses <= set(ci["jobs"]["integration"]["strategy"]["matrix"]["os"])
     tested = {
         python
         for job in ci["jobs"].values()
@@ -612,22 +616,26 @@ def test_last_step_is_the_offline_gate(action: dict[str, Any]) -> None:
     assert "dcp_invariant verify" in last.get("run", "")
 
 
-# --- README.md -------------------------------------------------------------------------------
+# --- README.md and docs/action.md ----------------------------------------------------------
 
 
-def readme_blocks(language: str) -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    return re.findall(rf"^```{language}\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+def doc_blocks(language: str, *pages: Path) -> list[str]:
+    """The fenced blocks of ``language`` ("" for none) in ``pages`` (the README by default)."""
+    blocks: list[str] = []
+    for page in pages or (README,):
+        text = page.read_text(encoding="utf-8")
+        blocks += re.findall(rf"^```{language}\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+    return blocks
 
 
 def test_ci_runs_exactly_the_readme_test_command_with_the_actions_uv() -> None:
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
-    [quick_start] = [b for b in readme_blocks("") if b.startswith("git clone ")]
+    [quick_start] = [b for b in doc_blocks("") if b.startswith("git clone ")]
     commands = [line.split("  #")[0].strip() for line in quick_start.splitlines()]
     test_command = commands[-1]
     ci_lines = [line for line in ci.splitlines() if line and not line.startswith("#")]
 
-    # The README's last Quick start line, as .ci/run's last; the uv it installs is the action's.
+    # The README's last First run line, as .ci/run's last; the uv it installs is the action's.
     assert ci_lines[-1] == test_command == "uv run --extra dev pytest"
     assert [c for c in commands if c.startswith("uv run ")] == commands[1:]
     assert re.findall(r'"uv==([\d.]+)"', ci) == re.findall(
@@ -635,8 +643,8 @@ def test_ci_runs_exactly_the_readme_test_command_with_the_actions_uv() -> None:
     )
 
 
-def test_readme_input_table_lists_every_action_input(action: dict[str, Any]) -> None:
-    lines = README.read_text(encoding="utf-8").splitlines()
+def test_the_docs_input_table_lists_every_action_input(action: dict[str, Any]) -> None:
+    lines = ACTION_PAGE.read_text(encoding="utf-8").splitlines()
     start = lines.index("| input | default | meaning |")
     rows = []
     for line in lines[start + 2 :]:
@@ -652,19 +660,19 @@ def test_readme_input_table_lists_every_action_input(action: dict[str, Any]) -> 
 def test_readme_example_fixtures_are_the_example_files() -> None:
     if not EXAMPLE_FIXTURE.is_file():
         pytest.skip("examples/ is not here (outside the source tree)")
-    blocks = readme_blocks("python")
+    blocks = doc_blocks("python")
 
     # Pasted verbatim, so what the README shows is what runs: the example, then its buggy copy.
     assert blocks == [f.read_text(encoding="utf-8") for f in (EXAMPLE_FIXTURE, BUGGY_FIXTURE)]
 
 
-def test_readme_workflows_use_only_declared_inputs_and_pinned_checkout(
+def test_documented_workflows_use_only_declared_inputs_and_pinned_refs(
     action: dict[str, Any],
 ) -> None:
     from ruamel.yaml import YAML
 
     steps = []
-    for block in readme_blocks("yaml"):
+    for block in doc_blocks("yaml", README, ACTION_PAGE):
         parsed = YAML(typ="safe").load(block)
         if isinstance(parsed, list):  # a bare list of steps
             steps += parsed
@@ -678,3 +686,7 @@ def test_readme_workflows_use_only_declared_inputs_and_pinned_checkout(
         assert set(step.get("with") or {}) <= set(action["inputs"]), step
     assert checkouts == [f"actions/checkout@{PINNED[('actions/checkout', 'v7.0.1')]}"]
     assert any((s.get("with") or {}).get("fixture") for s in ours)
+    # No tag exists yet, so a `@v0.2.0` would not resolve: each snippet pins a commit, written as
+    # the placeholder the docs tell users to fill in (or a full SHA), never a movable ref.
+    refs = {str(s["uses"]).split("@", 1)[1] for s in ours}
+    assert all(r == "COMMIT_SHA" or re.fullmatch(r"[0-9a-f]{40}", r) for r in refs), refs

@@ -200,8 +200,8 @@ def nondeterminism(where: str, first: Mapping[str, Any], second: Mapping[str, An
 
 
 CHANGED_DURING_SAVE = "changed during the save"
-# The causes in the order a report ranks them (the README lists them so): a state that did not
-# round-trip explains every later difference, so it comes first.
+# The causes in the order a report ranks them (docs/diagnoses.md lists them so): a state that
+# did not round-trip explains every later difference, so it comes first.
 RANKED_CAUSES = (
     ROUND_TRIP,
     OUTSIDE_STATE_DICT,

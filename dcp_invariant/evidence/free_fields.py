@@ -4,8 +4,8 @@ Every other leaf is held to something: the plan, a re-derivation, DCP's file lay
 same fact recorded independently elsewhere in the artifact. The mutation test
 (tests/evidence/test_mutations.py) changes every leaf of every checked-in artifact and
 requires ``verify`` to refuse each edit, unless the leaf is listed here; it also requires each
-entry here to be really unchecked, so the list cannot go stale. The README's evidence section
-repeats it.
+entry here to be really unchecked, so the list cannot go stale. docs/evidence.md repeats it,
+and the same test holds the two equal.
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def consistency(observations: Mapping[str, Obs], *, run_plan: plan.Plan) -> dict
 
     One fixture trained the same steps at the same world size must reach bit-identical state,
     and DCP then writes files of identical sizes: every scenario that trains is a repeat of the
-    others. The registered fixture is exact across world sizes too (see the README's limits),
+    others. The registered fixture is exact across world sizes too (see docs/limits.md),
     so there its states agree at every world size. A forged value then disagrees with the
     siblings that recorded it independently, and so does a run that is not deterministic.
     """

@@ -20,7 +20,7 @@ A guardian process, started first and in a session of its own, holds a pipe from
 when the pipe ends (the runner finished, or was killed with SIGKILL and ran no cleanup at all),
 it kills every process that carries the run's token. Elsewhere there is no ``/proc``: there the
 pool kills its workers and ``taskkill /T`` the torchrun tree, and what they started may outlive
-a killed worker (the README says so).
+a killed worker (docs/limits.md says so).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How long ``dcp-invariant inspect`` takes on the checkpoints its README names: a benchmark,
+"""How long ``dcp-invariant inspect`` takes on the checkpoints docs/inspect.md names: a benchmark,
 not a test (the figures depend on the machine).
 
     python tests/inspect/benchmark_inspect.py bomb OUT

@@ -3,9 +3,9 @@
 
 Each loop is checked in its correct form, which must pass (exit 0: a false alarm is as bad as a
 miss), and with planted bugs, each of which must fail (exit 1) for its cause: the reasons in the
-artifact's results start with the cause class the README lists. The fast subset runs with the
-other live tests; the rest is marked ``real_loops`` and runs only when ``-m`` names that marker
-(README, "Tests with real code").
+artifact's results start with the cause class docs/diagnoses.md lists. The fast subset runs with
+the other live tests; the rest is marked ``real_loops`` and runs only when ``-m`` names that
+marker (CONTRIBUTING.md, "Run the tests").
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.live
 
 LOOPS = Path(__file__).resolve().parent.parent / "real_loops"
 MARKER = "real_loops"
-SLOW = pytest.mark.real_loops  # about 6 minutes together; see the skip below
+SLOW = pytest.mark.real_loops  # about 8 minutes together; see the skip below
 
 # Results of one CLI run: the process, and each scenario's reasons (empty when it passed).
 Run = tuple[subprocess.CompletedProcess[str], dict[str, list[str]]]
@@ -39,7 +39,7 @@ def _slow_runs_only_when_named(request: pytest.FixtureRequest) -> None:
     """A ``real_loops`` test runs only when the ``-m`` expression names the marker.
 
     ``pytest -m live`` (the integration job) keeps the fast subset; the slow runs would add
-    several minutes to every CI run (their times are in the README).
+    several minutes to every CI run (their times are in CONTRIBUTING.md).
     """
     if request.node.get_closest_marker(MARKER) and MARKER not in request.config.option.markexpr:
         pytest.skip(f"slow real-code loop: runs with -m {MARKER}")

@@ -43,9 +43,9 @@ shape_for = always(SHAPE)
 
 def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     reasons, saved, reference = saved_and_stepped(obs, scenario.source_world_size)
-    # The registered fixture replicates its state on every rank (README, "Limits"), and these
-    # scenarios load it at another world size: there, and only there, ranks must agree, and
-    # every resumed rank is held to the first complete source rank's state.
+    # The registered fixture replicates its state on every rank (docs/registered-suite.md), and
+    # these scenarios load it at another world size: there, and only there, ranks must agree,
+    # and every resumed rank is held to the first complete source rank's state.
     reasons += consensus(list(saved.values()), "source: saved state")
     reasons += consensus(list(reference.values()), "source: uninterrupted next step")
     first = min(saved, default=None)
