@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -73,6 +74,7 @@ def torchrun_job(
     interface: str = "lo",
     name: str = "",
     resume_from: Path | None = None,
+    timeout: int = 60,
 ) -> Iterator[Job]:
     """``nodes`` torchrun agents running ``in-job``; killed, sessions and all, at the end."""
     port = _free_port()
@@ -98,7 +100,7 @@ def torchrun_job(
             f"--max-restarts={restarts}", "--monitor-interval=0.1", *local,
             "-m", "dcp_invariant", "in-job", "--fixture", fixture,
             "--checkpoint-dir", str(checkpoint), "--output-dir", str(output),
-            "--gloo-interface", interface, "--source-revision", REVISION, "--timeout", "60",
+            "--gloo-interface", interface, "--source-revision", REVISION, "--timeout", str(timeout),
             *resuming,
         ]  # fmt: skip
         log = tmp / f"agent{name}{node}.log"
@@ -245,6 +247,108 @@ def test_a_node_lost_after_the_save_fails_and_promotes_nothing_partial(tmp_path:
     assert resumed.pointer_bytes() is not None
     resumed.resolve()  # verifies the generation against its receipt; raises if it is not whole
     assert CheckpointStore(job.checkpoint / "async_resume_2" / "ckpt").pointer_bytes() is None
+
+
+# --- an interrupt to either agent, at seeded moments ---------------------------------------
+
+# An agent stops its workers with SIGTERM, then SIGKILL after 30 s (``PContext.close``'s timeout,
+# torch/distributed/elastic/multiprocessing/api.py); an agent SIGKILLed takes its workers with it
+# (``worker.die_with_parent``). A peer's workers stop when a collective with a dead rank fails,
+# when their own agent, finding the rendezvous store gone, stops them the same way, or, where
+# they wait for a rank that will never come (the process group's store, a barrier), when the
+# job's own ``--timeout`` for a collective runs out: torchrun's agent that hosts the rendezvous
+# does not stop its workers for a lost peer. The job here takes a short one.
+JOB_TIMEOUT = 20
+STOP_BOUND = JOB_TIMEOUT + 30 + 15.0
+INTERRUPT_SEED = 28
+SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
+# When the signal goes: as the first workers start (importing torch, before any rendezvous of
+# theirs), as the restarted workers start, or a seeded number of seconds after the launch.
+WORKERS_START, RESTART = "workers start", "restart"
+
+
+def interrupt_cases() -> list[tuple[int, str, str | float]]:
+    """(agent, signal, moment): each agent at the workers' start, then one at the restart and
+    the other at a seeded second; each signal at least once, in a seeded order."""
+    rng = random.Random(INTERRUPT_SEED)
+    signals = [*rng.sample(SIGNALS, len(SIGNALS)), rng.choice(SIGNALS)]
+    late = rng.randrange(2)
+    moments: list[tuple[int, str | float]] = [(0, WORKERS_START), (1, WORKERS_START)]
+    moments += [(late, RESTART), (1 - late, round(rng.uniform(3.0, 18.0), 1))]
+    return [(a, s, m) for (a, m), s in zip(moments, signals, strict=True)]
+
+
+def _workers(job: Job) -> dict[int, int]:
+    """The job's workers (pid: the index of the agent that started it), read from /proc."""
+    agents = {agent.pid: i for i, agent in enumerate(job.agents)}
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # The parent's PID is the field after the parenthesised command name.
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid in agents:
+            found[int(entry.name)] = agents[ppid]
+    return found
+
+
+def _wait_for_moment(job: Job, moment: str | float, deadline: float) -> bool:
+    """Wait for the moment; False if the job ended first."""
+    started = time.monotonic()
+    first: set[int] = set()
+    while time.monotonic() < deadline:
+        if any(a.poll() is not None for a in job.agents):
+            return False
+        workers = set(_workers(job))
+        if isinstance(moment, float):
+            if time.monotonic() - started >= moment:
+                return True
+        elif moment == WORKERS_START and workers:
+            return True
+        elif moment == RESTART:
+            # The first generation, once seen whole (one worker per agent); then any new one.
+            if len(first) < len(job.agents):
+                first |= workers
+            elif workers - first:
+                return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize(
+    ("agent", "signame", "moment"),
+    interrupt_cases(),
+    ids=[f"{'AB'[a]}-{s}-{m}" for a, s, m in interrupt_cases()],
+)
+def test_an_interrupt_to_either_agent_ends_every_workers_of_both(
+    tmp_path: Path, agent: int, signame: str, moment: str | float
+) -> None:
+    with torchrun_job(tmp_path, nodes=2, nproc=1, timeout=JOB_TIMEOUT) as job:
+        if not _wait_for_moment(job, moment, time.monotonic() + AGENT_TIMEOUT):
+            pytest.fail(f"the job ended before {moment}: {job.log()}")
+        # Ctrl-C reaches the agent alone: torchrun starts each worker in a session of its own.
+        job.agents[agent].send_signal(getattr(signal, signame))
+        signalled = time.monotonic()
+        while _workers(job) and time.monotonic() - signalled < STOP_BOUND:
+            time.sleep(0.1)
+        survivors = [
+            line
+            for pid in _workers(job)
+            for line in _processes_using(job.checkpoint)
+            if line.startswith(f"{pid}:")
+        ]
+        took = time.monotonic() - signalled
+        interrupted = job.agents[agent]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            interrupted.wait(timeout=max(1.0, STOP_BOUND - took))
+        print(f"{'AB'[agent]} {signame} at {moment}: workers gone after {took:.1f} s")
+        assert survivors == [], f"workers alive {STOP_BOUND} s after the {signame}: {survivors}"
+        assert interrupted.poll() is not None, f"agent {'AB'[agent]} outlived its {signame}"
+    # Nothing was judged: no evidence, however far the run had got.
+    assert not (job.output / schema.MANIFEST_FILE).exists()
 
 
 def _netns_available() -> str:
