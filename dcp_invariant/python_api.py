@@ -98,25 +98,15 @@ def check(
     for name, steps in (("steps_before", steps_before), ("steps_after", steps_after)):
         _require(name, steps, "an int", isinstance(steps, int) and not isinstance(steps, bool))
     target = _output_dir(output_dir)
-    _require(
-        "timeout",
-        timeout,
-        "a number of seconds or None",
-        timeout is None or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)),
-    )
-    _require(
-        "fixture_args",
-        fixture_args,
-        "a mapping of names to JSON values, or None",
-        fixture_args is None or isinstance(fixture_args, Mapping),
-    )
+    for name, value, what, ok in (
+        ("timeout", timeout, "a number of seconds or None", _is_number(timeout)),
+        ("fixture_args", fixture_args, "a mapping of names to JSON values, or None",
+         isinstance(fixture_args, Mapping)),
+        ("source_revision", source_revision, "a 40-character hex string or None",
+         isinstance(source_revision, str)),
+    ):  # fmt: skip
+        _require(name, value, what, value is None or ok)
     names = _names(rank_local)
-    _require(
-        "source_revision",
-        source_revision,
-        "a 40-character hex string or None",
-        source_revision is None or isinstance(source_revision, str),
-    )
     spec = fixture_spec(fixture)
     run = plan.fixture_plan(spec, sizes, steps_before, steps_after, fixture_args, names)
     seconds = checked_timeout(timeout)
@@ -250,6 +240,10 @@ def _require(name: str, value: object, expected: str, holds: bool) -> None:
         raise CheckInputError(
             f"{name} must be {expected}, got {type(value).__name__} {plan.shown_value(value)}"
         )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # True is an int too
 
 
 def _sizes(world_sizes: Iterable[int]) -> tuple[int, ...]:

@@ -218,6 +218,11 @@ class Guardian:
         os.environ[RUN_ENV] = self.token
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The guardian process's PID; None where there is none (no /proc to read)."""
+        return None if self._proc is None else self._proc.pid
+
     def remove_if_killed(self, path: Path) -> None:
         """Have the guardian remove ``path`` should this process die without ending the run
         (SIGKILL): the run's workspace, multiprocessing's ``pymp-*`` directory."""

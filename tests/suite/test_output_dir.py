@@ -229,8 +229,8 @@ assert reservation.stage is not None
 if sys.argv[2] == "guarded":
     guardian = Guardian().__enter__()
     guardian.release_if_killed(reservation.lock_path)
-    assert guardian._proc is not None
-    print(reservation.stage.name, guardian._proc.pid, flush=True)
+    assert guardian.pid is not None
+    print(reservation.stage.name, guardian.pid, flush=True)
 else:
     print(reservation.stage.name, flush=True)
 if sys.argv[2] in ("die", "guarded"):
@@ -246,12 +246,13 @@ HOLDER_TIMEOUT = 60
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILLs a run: POSIX only")
 
 
-def killed_run(parent: Path, name: str) -> str:
-    """Reserve ``parent / name`` in a process SIGKILLed at once; its staging directory's name."""
+def killed_run(parent: Path, name: str, mode: str = "die") -> list[str]:
+    """Reserve ``parent / name`` in a process SIGKILLed at once (``mode`` "die", or "guarded"
+    with a guardian); what it printed: its staging directory's name, and the guardian's PID."""
     if sys.platform == "win32":  # every caller is skipped there (posix_only): this is for mypy
         raise AssertionError("SIGKILL is POSIX")
     proc = subprocess.run(
-        [sys.executable, "-c", HOLDER, name, "die"],
+        [sys.executable, "-c", HOLDER, name, mode],
         cwd=parent,
         capture_output=True,
         text=True,
@@ -259,7 +260,7 @@ def killed_run(parent: Path, name: str) -> str:
         check=False,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    return proc.stdout.split()[0]
+    return proc.stdout.split()
 
 
 @contextlib.contextmanager
@@ -295,7 +296,7 @@ def names(directory: Path) -> list[str]:
 def test_the_next_run_into_a_killed_runs_output_dir_removes_its_lock_and_stage(
     tmp_path: Path,
 ) -> None:
-    stage = killed_run(tmp_path, "out")
+    [stage] = killed_run(tmp_path, "out")
     # What issue #28 found beside the output directory long after the run was killed.
     assert names(tmp_path) == sorted([".out.lock", stage])
     record = (tmp_path / ".out.lock").read_bytes()
@@ -393,16 +394,7 @@ def test_a_lock_cleared_after_it_was_opened_is_taken_again(
 def test_after_a_sigkill_the_guardian_removes_the_lock_and_stage(tmp_path: Path) -> None:
     if sys.platform == "win32":  # skipped there (reaper.supported()): this is for mypy
         raise AssertionError("the guardian is Linux only")
-    proc = subprocess.run(
-        [sys.executable, "-c", HOLDER, "evidence", "guarded"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=HOLDER_TIMEOUT,
-        check=False,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    stage, pid = proc.stdout.split()
+    stage, pid = killed_run(tmp_path, "evidence", "guarded")
     assert stage.startswith(".evidence.")  # reserved when the runner was killed
     guardian = int(pid)
     try:
