@@ -236,7 +236,11 @@ def test_a_node_lost_after_the_save_fails_and_promotes_nothing_partial(tmp_path:
             time.sleep(0.05)
         _kill_session(job.agents[1].pid)
         started = time.monotonic()
-        code = job.agents[0].wait(timeout=AGENT_TIMEOUT)
+        try:
+            code = job.agents[0].wait(timeout=AGENT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            # What the surviving node was waiting on, from its own log and its workers'.
+            pytest.fail(f"the surviving agent ran on {AGENT_TIMEOUT} s after the loss: {job.log()}")
         waited = time.monotonic() - started
         assert code != 0, job.log()
     # The survivor gave up within its rendezvous timeouts; nothing was judged, so no pass.

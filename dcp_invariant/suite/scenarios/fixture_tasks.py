@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -254,12 +255,16 @@ def _save_while_stepping(
     """async_save, step N+1 while the write waits at the gate, then let it finish."""
     # Checkpoint collectives run in DCP's background thread: on the training group they could
     # interleave with the step's all-reduces, so they get a group of their own (as torchtitan's
-    # async checkpointing does).
-    group = dist.new_group(backend="gloo", pg_options=loopback_gloo_options())
+    # async checkpointing does). With the run's timeout: new_group's default is 30 minutes
+    # (default_pg_timeout, torch/distributed/distributed_c10d.py), and a rank whose peer was
+    # lost (an in-job node gone) waited that long in its Gloo connect before failing.
+    timeout = float(payload["timeout"])
+    group = dist.new_group(
+        backend="gloo", pg_options=loopback_gloo_options(), timeout=timedelta(seconds=timeout)
+    )
     # In the scenario's workspace, which exists already: the checkpoint's directory is made by
     # the write, in the background thread, and may not exist yet when the gate opens.
     gate = Path(f"{Path(payload['checkpoint']).name}.gate-rank{rank}")
-    timeout = float(payload["timeout"])
     writer = _GatedWriter(payload["checkpoint"], gate, timeout)
     staging = stager(mode)
     kind = AsyncCheckpointerType.THREAD
