@@ -46,6 +46,12 @@ collect_ignore = (
 JOB_REPORTS = pytest.StashKey[list[str]]()
 
 
+def record_job_report(config: pytest.Config, result: Any) -> None:
+    """Keep a local_runner.JobResult's report, with its total, for the session's summary."""
+    reports = config.stash.setdefault(JOB_REPORTS, [])
+    reports.append(f"{result.report()}\n  [{result.seconds:.0f} s in all]")
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     reports = config.stash.get(JOB_REPORTS, [])
     if reports:

@@ -82,14 +82,13 @@ def test_the_release_build_jobs_package_tests_are_the_package_jobs() -> None:
 def test_the_release_build_job_passes_on_the_versions_tag(
     tmp_path: Path, pytestconfig: pytest.Config
 ) -> None:
-    from conftest import JOB_REPORTS
+    from conftest import record_job_report
 
     result, uploads = _build_job(f"v{__version__}", tmp_path)
     if result.skipped:
         pytest.skip(result.skipped)
     print(result.report())
-    reports = pytestconfig.stash.setdefault(JOB_REPORTS, [])
-    reports.append(f"{result.report()}\n  [{result.seconds:.0f} s in all]")
+    record_job_report(pytestconfig, result)
 
     assert result.passed, f"{result.report()}\n{result.failures()}"
     skipped = {s.name: s.note for s in result.steps if s.outcome == "skipped"}

@@ -132,7 +132,7 @@ def workflow(
     """Every job's result, by name: the Linux ones run, the others evaluated."""
     import local_runner
     import local_torch_index
-    from conftest import JOB_REPORTS
+    from conftest import record_job_report
 
     for tool in ("bash", "git", "openssl"):
         if shutil.which(tool) is None:
@@ -160,10 +160,9 @@ def workflow(
         for i in live:
             results[i] = run(i)
     ordered = [results[i] for i in range(len(jobs))]
-    reports = pytestconfig.stash.setdefault(JOB_REPORTS, [])
     for result in ordered:
         if isinstance(result, local_runner.JobResult) and not result.skipped:
-            reports.append(f"{result.report()}\n  [{result.seconds:.0f} s in all]")
+            record_job_report(pytestconfig, result)
     ran = [
         r
         if isinstance(r, local_runner.JobResult)

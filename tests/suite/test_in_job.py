@@ -336,13 +336,10 @@ def test_an_interrupt_to_either_agent_ends_every_workers_of_both(
         # Ctrl-C reaches the agent alone: torchrun starts each worker in a session of its own.
         job.agents[agent].send_signal(getattr(signal, signame))
         signalled = time.monotonic()
-        while _workers(job) and time.monotonic() - signalled < STOP_BOUND:
+        while (alive := _workers(job)) and time.monotonic() - signalled < STOP_BOUND:
             time.sleep(0.1)
         survivors = [
-            line
-            for pid in _workers(job)
-            for line in _processes_using(job.checkpoint)
-            if line.startswith(f"{pid}:")
+            line for line in _processes_using(job.checkpoint) if int(line.split(":")[0]) in alive
         ]
         took = time.monotonic() - signalled
         interrupted = job.agents[agent]

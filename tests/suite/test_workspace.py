@@ -93,14 +93,14 @@ def test_a_workspace_that_cannot_be_removed_does_not_lose_the_run(
 
 
 SECOND_RUN_IN_ONE_PROCESS = """
-import sys, tempfile
+import os, sys
 from pathlib import Path
 from dcp_invariant.suite import workspace
 parent = Path(sys.argv[1])
 first = workspace._short_socket_directory(parent)
 second = workspace._short_socket_directory(parent)
-made = sorted(p.name for p in first.parent.glob(f"{workspace.SOCKET_HOLDER_PREFIX}{__import__('os').getpid()}-*"))
-print(first == second, len(made), workspace.socket_holder_owner(first) == __import__('os').getpid())
+made = list(first.parent.glob(f"{workspace.SOCKET_HOLDER_PREFIX}{os.getpid()}-*"))
+print(first == second, len(made), workspace.socket_holder_owner(first) == os.getpid())
 """
 
 
