@@ -60,10 +60,9 @@ class Workspace:
         sweep_stale(parent)
         try:
             self.path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
-            self._lock = open(self.path / LOCK_FILE, "wb")
+            self._lock = _create_locked(self.path / LOCK_FILE)
         except OSError as exc:
             raise environment_problem(exc, f"the temp directory {parent}") from exc
-        lock_exclusive(self._lock)
         self.socket_holder = _short_socket_directory(parent)
         return self.path
 
@@ -73,15 +72,24 @@ class Workspace:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._lock is not None:
-            self._lock.close()
+        if self._lock is not None and sys.platform == "win32":
+            self._lock.close()  # Windows deletes no open file; elsewhere the lock outlives removal
+        try:
+            self._remove()
+        finally:
+            if self._lock is not None:
+                self._lock.close()
+
+    def _remove(self) -> None:
+        # Removed while still locked (POSIX), so that another run's sweep cannot take the
+        # workspace for a dead one's and race this removal.
         if self.path is not None:
             try:
                 remove(self.path)
             except OSError as error:
                 # Windows refuses to delete what a straggling process still holds open. The
                 # scenarios' evidence is already gathered and must not be lost over it; the
-                # workspace is unlocked now, so the next run sweeps it.
+                # lock goes with this run, so the next run sweeps the workspace.
                 print(
                     f"dcp-invariant: warning: could not remove the workspace {self.path} "
                     f"({error.strerror or error}); the next run removes it",
@@ -113,12 +121,20 @@ def check_free(
 
 def sweep_stale(parent: Path) -> list[Path]:
     """Remove workspaces whose runner died (their lock is free); return what was removed."""
-    removed = []
-    with contextlib.suppress(OSError):
-        for entry in parent.iterdir():
-            if entry.name.startswith(PREFIX) and _unlocked(entry / LOCK_FILE):
+    removed: list[Path] = []
+    try:
+        entries = sorted(parent.iterdir())
+    except OSError:
+        return removed  # an unreadable temp directory: mkdtemp there says why, next
+    for entry in entries:
+        if entry.name.startswith(PREFIX) and _unlocked(entry / LOCK_FILE):
+            try:
                 remove(entry)
-                removed.append(entry)
+            except FileNotFoundError:
+                continue  # another run's sweep removed it first
+            except OSError:
+                continue  # still held (Windows) or not ours to remove: the next sweep retries
+            removed.append(entry)
     return removed
 
 
@@ -154,6 +170,38 @@ def lock_exclusive(handle: IO[bytes]) -> None:
         import fcntl
 
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _create_locked(lock_path: Path) -> IO[bytes]:
+    """Create a workspace's lock file, already locked, and return it open.
+
+    Another run's sweep removes a workspace whose lock file it can lock. Were the file created
+    and then locked, a sweep in between would remove a live workspace: two pytest-xdist workers
+    calling check() in one temp directory did (the second run's mkdir failed with ENOENT). On
+    POSIX the file is locked under another name, which no sweep opens, and renamed into place:
+    rename(2) keeps the open file and its flock. On Windows an open file cannot be deleted
+    (CPython opens files without FILE_SHARE_DELETE, Modules/_io/fileio.c), so a sweep in that
+    window fails on the lock file and leaves the workspace; LK_LOCK waits out its brief lock.
+    """
+    if sys.platform == "win32":
+        import msvcrt
+
+        handle = open(lock_path, "wb")  # noqa: SIM115 (the workspace's lifetime: closed on exit)
+        try:
+            msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)  # retries for up to 10 s
+        except BaseException:
+            handle.close()
+            raise
+        return handle
+    pending = lock_path.with_name(f"{lock_path.name}.pending")
+    handle = open(pending, "wb")  # noqa: SIM115 (the workspace's lifetime: closed on exit)
+    try:
+        lock_exclusive(handle)
+        os.replace(pending, lock_path)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
 
 
 def _unlocked(lock_path: Path) -> bool:

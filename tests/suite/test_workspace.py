@@ -6,6 +6,7 @@ import errno
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,56 @@ def test_a_workspace_is_locked_while_used_and_swept_only_once_its_owner_is_gone(
     unfinished.mkdir()
     assert workspace.sweep_stale(tmp_path) == [dead]
     assert list(tmp_path.iterdir()) == [unfinished]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a lock file held open there cannot be deleted")
+def test_another_runs_sweep_never_takes_a_live_workspace_for_a_dead_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs in one temp directory (pytest-xdist workers calling check()): one's sweep may
+    come while the other's workspace is being set up or removed."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real_lock, real_remove = workspace.lock_exclusive, workspace.remove
+    swept: list[list[Path]] = []
+    sweeping = False
+
+    def another_run_sweeps(then: Callable[[Any], None]) -> Callable[[Any], None]:
+        def hook(arg: Any) -> None:
+            nonlocal sweeping
+            if not sweeping:  # the sweep locks and removes through these too
+                sweeping = True
+                swept.append(workspace.sweep_stale(tmp_path))
+                sweeping = False
+            then(arg)
+
+        return hook
+
+    monkeypatch.setattr(workspace, "lock_exclusive", another_run_sweeps(real_lock))
+    with workspace.Workspace() as path:
+        monkeypatch.setattr(workspace, "lock_exclusive", real_lock)
+        (path / "server").mkdir()  # what the run does next: it failed with ENOENT
+        monkeypatch.setattr(workspace, "remove", another_run_sweeps(real_remove))
+    assert swept == [[], []]  # during set-up, then during removal: alive both times
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_goes_on_past_a_workspace_it_cannot_remove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = [tmp_path / f"{workspace.PREFIX}{n}" for n in "ab"]
+    for path in dead:
+        path.mkdir()
+        (path / workspace.LOCK_FILE).write_bytes(b"")
+    real_remove = workspace.remove
+
+    def first_removed_by_another_sweep(path: Path) -> None:
+        real_remove(path)
+        if path == dead[0]:
+            raise FileNotFoundError(2, "No such file or directory", str(path / "x"))
+
+    monkeypatch.setattr(workspace, "remove", first_removed_by_another_sweep)
+    assert workspace.sweep_stale(tmp_path) == [dead[1]]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_missing_module_is_named_not_blamed_on_torch() -> None:
