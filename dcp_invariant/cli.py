@@ -253,6 +253,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from dcp_invariant.evidence import rules
     from dcp_invariant.evidence.verify import verify_artifact
 
     if (
@@ -292,9 +293,7 @@ def _verify(args: argparse.Namespace) -> int:
         else:
             failed = sum(r["verdict"] == "fail" for r in report.results.values())
             passed = len(report.results) - failed
-            lines.append(
-                f"verdict: {'fail' if failed else 'pass'} ({passed} passed, {failed} failed)"
-            )
+            lines.append(rules.verdict_line("fail" if failed else "pass", passed, failed))
     _print_lines(lines)
     return EXIT_OK if report.passed else EXIT_FAIL
 
@@ -392,14 +391,7 @@ def _run(args: argparse.Namespace) -> int:
         if added:
             later.append(f"fail  {result.name:<24} compared with the other scenarios")
             later += [f"      - {reason}" for reason in added]
-    failed = sum(r.verdict == "fail" for r in report.results.values())
-    _print_lines(
-        [
-            *later,
-            f"{'pass' if report.passed else 'fail'}: {len(report.results) - failed} passed, "
-            f"{failed} failed; evidence in {args.output_dir}",
-        ]
-    )
+    _print_lines([*later, report.summary])
     return EXIT_OK if report.passed else EXIT_FAIL
 
 

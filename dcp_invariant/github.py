@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dcp_invariant import plan, regular_file
 from dcp_invariant.errors import BadInput
-from dcp_invariant.evidence import schema
+from dcp_invariant.evidence import rules, schema
 from dcp_invariant.evidence.verify import Report, verify_artifact
 
 MAX_REASON_CHARS = 300
@@ -122,7 +122,9 @@ def summary(directory: Path, report: Report | None) -> str:
             f"No evidence artifact at `{_cell(out['evidence-dir'])}`: the suite did not write one.\n"
         )
     if report.valid:
-        headline = f"{out['verdict']} ({out['passed']} passed, {out['failed']} failed)"
+        headline = rules.verdict_line(
+            "pass" if report.passed else "fail", int(out["passed"]), int(out["failed"])
+        )
     else:
         headline = f"invalid artifact ({len(report.problems)} problems)"
     footer = [

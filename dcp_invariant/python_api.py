@@ -24,6 +24,7 @@ from dcp_invariant import canonical, plan
 from dcp_invariant.errors import BadInput
 
 if TYPE_CHECKING:
+    from dcp_invariant.suite.output_dir import Reservation
     from dcp_invariant.suite.runner import Finished
 
 
@@ -58,14 +59,20 @@ class Report:
     diagnoses: tuple[Diagnosis, ...]  # ranked: the likeliest root cause first
     artifact: Path | None  # the evidence directory; None when the run wrote none
 
-    def __str__(self) -> str:
-        failed = [r.name for r in self.results.values() if r.verdict == "fail"]
-        where = f"; evidence in {self.artifact}" if self.artifact is not None else ""
-        head = (
-            f"dcp-invariant: {'pass' if self.passed else 'fail'}: "
-            f"{len(self.results) - len(failed)} passed, {len(failed)} failed{where}"
+    @property
+    def summary(self) -> str:
+        """The verdict line ``run`` and ``in-job`` end with: ``fail: 10 passed, 1 failed;
+        evidence in DIR``."""
+        from dcp_invariant.evidence import rules
+
+        failed = sum(r.verdict == "fail" for r in self.results.values())
+        line = rules.verdict_line(
+            "pass" if self.passed else "fail", len(self.results) - failed, failed
         )
-        lines = [head]
+        return line if self.artifact is None else f"{line}; evidence in {self.artifact}"
+
+    def __str__(self) -> str:
+        lines = [f"dcp-invariant: {self.summary}"]
         for diagnosis in self.diagnoses:
             lines.append(f"{diagnosis.cause} ({', '.join(diagnosis.scenarios) or 'the run'}):")
             lines += [f"  - {reason}" for reason in dict.fromkeys(diagnosis.reasons)]
@@ -130,7 +137,7 @@ def run_plan(
     on_finish: Callable[[Finished], None] | None = None,
 ) -> Report:
     """Run ``run``'s scenarios and write the artifact to ``output_dir``; the report it holds."""
-    from dcp_invariant.evidence import artifact, provenance, schema
+    from dcp_invariant.evidence import provenance
     from dcp_invariant.evidence.families.groups import TIMEOUT
     from dcp_invariant.suite import output_dir as reserve
     from dcp_invariant.suite import reaper, runner
@@ -156,17 +163,31 @@ def run_plan(
                     numpy=suite.numpy,
                     run_plan=run,
                 )
-                files = artifact.build(suite.observations, record, run_plan=run)
-                try:
-                    reservation.fill(files)
-                except OSError as exc:
-                    raise CheckInputError(
-                        f"the artifact could not be written to {output_dir}: {exc}"
-                    ) from exc
+                return finish(suite.observations, record, run, reservation)
             finally:
                 reservation.release()  # before the guardian hears that the run ended
     finally:
         reservation.release()  # the guardian could not be started
+
+
+def finish(
+    observations: dict[str, dict[str, Any]],
+    provenance: dict[str, Any],
+    run: plan.Plan,
+    reservation: Reservation,
+) -> Report:
+    """The one way a run ends, on either host (this machine's workers, or rank 0 of the user's
+    torchrun job): judge the observations, write the artifact into ``reservation``'s output
+    directory, and return the report its files hold. The caller releases the reservation."""
+    from dcp_invariant.evidence import artifact, schema
+
+    files = artifact.build(observations, provenance, run_plan=run)
+    try:
+        reservation.fill(files)
+    except OSError as exc:
+        raise CheckInputError(
+            f"the artifact could not be written to {reservation.target}: {exc}"
+        ) from exc
     results = {}
     for name in run.names:
         record = canonical.loads(files[schema.result_file(name)])
@@ -176,7 +197,7 @@ def run_plan(
         summary["verdict"] == "pass",
         MappingProxyType(results),
         ranked(results.values()),
-        output_dir,
+        reservation.target,
     )
 
 

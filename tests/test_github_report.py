@@ -146,7 +146,7 @@ def test_the_cli_appends_to_the_runner_files_and_never_fails_the_step(
     monkeypatch.setenv("GITHUB_JOB", "quality")
     assert cli.main(["github-report", "--artifact-dir", str(directory)]) == errors.EXIT_OK
     assert summary.read_text().startswith(
-        "earlier step\n## dcp-invariant: fail (10 passed, 1 failed)"
+        "earlier step\n## dcp-invariant: fail: 10 passed, 1 failed"
     )
     values = dict(line.split("=", 1) for line in output.read_text().splitlines())
     assert values["verdict"] == "fail"
@@ -284,7 +284,7 @@ def test_a_path_with_a_newline_is_reported_whole(artifact_copy: Path, tmp_path: 
     assert list(values) == [*OUTPUTS, "artifact-name"]
     assert values["evidence-dir"] == str(directory.resolve())
     assert values["verdict"] == "pass"
-    assert markdown.startswith("## dcp-invariant: pass (11 passed, 0 failed)")
+    assert markdown.startswith("## dcp-invariant: pass: 11 passed, 0 failed")
 
 
 def test_a_path_with_undecodable_bytes_is_reported_escaped(

@@ -262,3 +262,60 @@ def test_a_report_reads_as_the_diagnosis() -> None:
         f"{diagnosis.OUTSIDE_STATE_DICT} (resume_1):",
         f"  - {reason}",
     ]
+
+
+def test_a_run_finishes_with_the_artifact_the_suite_wrote_and_the_report_it_holds(
+    tmp_path: Path,
+) -> None:
+    """python_api.finish is the one way a run ends, on this machine and in the user's job: from
+    a real run's observations and provenance, the artifact that run wrote, byte for byte."""
+    from artifact_data import DATA_ARTIFACT, read_observations, read_provenance
+
+    from dcp_invariant.evidence import rules, schema
+    from dcp_invariant.suite.output_dir import Reservation
+
+    observations = read_observations(DATA_ARTIFACT)
+    failing = "training_1_to_2"
+    observations[failing]["errors"] = ["the driver stopped on FileNotFoundError"]
+    reservation = Reservation(tmp_path / "out")
+    try:
+        report = python_api.finish(
+            observations, read_provenance(DATA_ARTIFACT), plan.REGISTERED, reservation
+        )
+    finally:
+        reservation.release()
+    names = plan.SCENARIO_NAMES
+    written = {
+        p.relative_to(tmp_path / "out"): p.read_bytes()
+        for p in (tmp_path / "out").rglob("*")
+        if p.is_file()
+    }
+    shipped = {
+        p.relative_to(DATA_ARTIFACT): p.read_bytes()
+        for p in DATA_ARTIFACT.rglob("*")
+        if p.is_file()
+    }
+    assert written.keys() == shipped.keys()
+    # Only the failing scenario's files and what follows from its verdict differ.
+    changed = {path.as_posix() for path in written if written[path] != shipped[path]}
+    assert changed == {
+        schema.observation_file(failing),
+        schema.result_file(failing),
+        schema.SUMMARY_FILE,
+        schema.JUNIT_FILE,
+        schema.MANIFEST_FILE,
+    }
+    assert not report.passed and report.artifact == tmp_path / "out"
+    assert tuple(report.results) == names
+    assert [r.name for r in report.results.values() if r.verdict == "fail"] == [failing]
+    assert report.diagnoses[0].scenarios == (failing,)
+    line = rules.verdict_line("fail", len(names) - 1, 1)
+    assert report.summary == f"{line}; evidence in {tmp_path / 'out'}"
+    assert str(report).splitlines()[0] == f"dcp-invariant: {report.summary}"
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "out"]  # no lock or stage left beside it
+
+
+def test_a_run_that_wrote_nothing_says_fail_and_names_no_evidence() -> None:
+    timed_out = Diagnosis("timeout", (), ("the fixture's first step took more than 20 s",))
+    report = Report(False, MappingProxyType({}), (timed_out,), None)
+    assert report.summary == "fail: 0 passed, 0 failed"

@@ -10,7 +10,7 @@ fails; no reasons means it passes. Observations reaching here have a valid shape
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from dcp_invariant import plan
 from dcp_invariant.evidence import schema
@@ -98,6 +98,12 @@ def summary_record(results: dict[str, dict[str, Any]], *, run_plan: plan.Plan) -
         "total": len(verdicts),
         "verdict": "fail" if failed else "pass",
     }
+
+
+def verdict_line(verdict: Literal["pass", "fail"], passed: int, failed: int) -> str:
+    """A run's verdict in one line, the one wording ``run``, ``check()``, ``in-job``, ``verify``
+    and the job summary use: ``fail: 10 passed, 1 failed``."""
+    return f"{verdict}: {passed} passed, {failed} failed"
 
 
 # --- across scenarios -----------------------------------------------------------------------

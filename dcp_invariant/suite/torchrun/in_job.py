@@ -491,7 +491,8 @@ def _write_artifact(
     runtime: str,
 ) -> int:
     """Rank 0: judge, write the artifact, print the verdicts; 0 pass, 1 fail."""
-    from dcp_invariant.evidence import artifact, provenance, schema
+    from dcp_invariant import python_api
+    from dcp_invariant.evidence import provenance
     from dcp_invariant.suite import output_dir
 
     try:
@@ -507,23 +508,14 @@ def _write_artifact(
         numpy=numpy_version,
         run_plan=run_plan,
     )
-    files = artifact.build(observations, record, run_plan=run_plan)
     reservation = output_dir.Reservation(options.output_dir)
     try:
-        reservation.fill(files)
+        report = python_api.finish(observations, record, run_plan, reservation)
     finally:
         reservation.release()
-    failed = 0
-    for name in run_plan.names:
-        result = canonical.loads(files[schema.result_file(name)])
-        failed += result["verdict"] == "fail"
-        print(f"{result['verdict']:<4}  {name}", flush=True)
-        for reason in result["reasons"]:
+    for result in report.results.values():
+        print(f"{result.verdict:<4}  {result.name}", flush=True)
+        for reason in result.reasons:
             print(f"      - {reason}", flush=True)
-    total = len(run_plan.names)
-    verdict = "fail" if failed else "pass"
-    print(
-        f"{verdict}: {total - failed} passed, {failed} failed; evidence in {options.output_dir}",
-        flush=True,
-    )
-    return 1 if failed else 0
+    print(report.summary, flush=True)
+    return 0 if report.passed else 1
