@@ -21,15 +21,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dcp_invariant import canonical
 from dcp_invariant.errors import BadInput
 from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite import reaper, worker
+
+if TYPE_CHECKING:  # scenarios/ imports this module: the import is for mypy alone
+    from dcp_invariant.suite.scenarios.payloads import Call
 
 # What workers import, including what torch 2.13 imports lazily on a worker's first
 # optimizer step, DCP save and DTensor op (torch._dynamo alone is about 0.8 s). A module
@@ -130,39 +132,38 @@ class _Standby:
         self.ready.close()
 
 
-class WorkerPool:
-    def __init__(self, timeout: float, method: str | None = None) -> None:
-        self.timeout = timeout
-        self.cancelled = False
-        self._lock = threading.Lock()
-        self._live: set[Any] = set()  # started worker processes and the torchrun agent
-        self.method = method or start_method()
-        self._ctx: Any = multiprocessing.get_context(self.method)
-        self._standby: list[_Standby] = []  # idle spawned workers, oldest first
-        self._home: Path | None = None
-        self._keep = STANDBY  # idle standbys to keep; 0 once no scenario is left to start
-        if self.method == "forkserver":
-            self._ctx.set_forkserver_preload(["dcp_invariant.suite.fork_server", *PRELOAD])
+class _Launcher(Protocol):
+    """How a start method gives the pool its fresh processes (:func:`start_method` picks one).
+
+    Every method is called with the pool's lock held but :meth:`imported_versions`, which takes
+    it itself: the pool's other threads must not wait on a standby's imports.
+    """
+
+    def start(self, workdir: Path) -> None: ...
+
+    def launch(self, jobs: list[worker.Job]) -> list[Any]:
+        """One fresh, started process for each job."""
+        ...
+
+    def imported_versions(self) -> dict[str, str | None] | None: ...
+
+    def wind_down(self) -> None: ...
+
+    def stop_idle(self) -> None:
+        """Stop what waits for no job (an interrupt, or the end of the run)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _ForkServer:
+    """Linux: each worker forked by multiprocessing's fork server, which preloaded torch."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        ctx.set_forkserver_preload(["dcp_invariant.suite.fork_server", *PRELOAD])
 
     def start(self, workdir: Path) -> None:
-        """Start the fork server with its home and temp directory inside ``workdir``.
-
-        Importing torch._dynamo creates ``$TMPDIR/torchinductor_<user>``; the server's imports
-        must leave nothing outside the run's workspace. The server copies ``os.environ`` when it
-        starts, so the environment is swapped only around that moment, before any scenario thread
-        exists.
-        """
-        workdir.mkdir()
-        for sub in ("home", "tmp"):
-            (workdir / sub).mkdir()
-        if self.method != "forkserver":
-            self._home = workdir
-            # Nothing else runs yet, and the probe waits for the first standby's imports: one
-            # per core keeps every core importing for the first scenarios meanwhile, up to the
-            # four: the registered suite's first two scenarios take two workers each.
-            with self._lock:
-                self._refill(max(STANDBY, min(os.cpu_count() or 1, 4)))
-            return
         from multiprocessing import forkserver
 
         isolated = worker.isolated_environment(workdir)
@@ -179,93 +180,108 @@ class WorkerPool:
                 else:
                     os.environ[key] = value
 
-    def run_group(
-        self, task: str, world_size: int, workdir: Path, group: str, payload: Mapping[str, object]
-    ) -> GroupOutcome:
-        """Run ``task`` on ``world_size`` fresh ranks, each given ``payload`` as it is.
-
-        Each task's payload type is in :mod:`dcp_invariant.suite.scenarios.payloads`; any mapping
-        of plain data goes (the runner's probes and the tests send their own).
-        """
-        worker.prepare_workdir(workdir)
-        self._refuse_if_cancelled()
-        jobs = [
-            (task, rank, world_size, str(workdir), group, payload, self.timeout)
-            for rank in range(world_size)
+    def launch(self, jobs: list[worker.Job]) -> list[Any]:
+        procs = [
+            self._ctx.Process(
+                target=worker.start_in_workspace,
+                args=(job,),
+                name=f"dcp-invariant-{job.group}-{job.rank}",
+                daemon=False,
+            )
+            for job in jobs
         ]
-        # Not daemonic: a worker may start processes of its own (async_save's process mode
-        # does), which multiprocessing refuses a daemon. Every worker is reaped or killed here
-        # (and dies with its parent, worker.die_with_parent), so nothing needs the flag.
-        with self._lock:
-            # Again under the lock cancel() takes: a group must not start after its snapshot.
-            self._refuse_if_cancelled()
-            if self.method == "forkserver":
-                procs = [
-                    self._ctx.Process(
-                        target=worker.start_in_workspace,
-                        args=job,
-                        name=f"dcp-invariant-{group}-{job[1]}",
-                        daemon=False,
-                    )
-                    for job in jobs
-                ]
-                for proc in procs:
-                    proc.start()
-            else:
-                procs = self._hand_out(jobs)
-            self._live.update(procs)
-        try:
-            timed_out = _wait(procs, self.timeout, self._lock)
-        finally:
-            with self._lock:
-                self._live.difference_update(procs)
-        self._refuse_if_cancelled()
-        stragglers = reap_group(workdir, group, {p.pid for p in procs})
-        stragglers = sorted(stragglers + worker.stragglers(workdir, group, world_size))
-        results = []
-        for rank in range(world_size):
-            path = workdir / worker.result_path(group, rank)
-            if path.exists():
-                results.append(canonical.loads(path.read_bytes(), what=path.name))
-        with self._lock:
-            exit_codes = [int(p.exitcode) for p in procs]
-            for proc in procs:
-                proc.close()
-        return GroupOutcome(
-            exit_codes=exit_codes,
-            timed_out=timed_out,
-            results=results,
-            logs=[workdir / worker.log_path(group, r) for r in range(world_size)],
-            stragglers=stragglers,
-        )
+        for proc in procs:
+            proc.start()
+        return procs
 
-    def imported_versions(self) -> dict[str, str | None] | None:
-        """torch's and NumPy's versions as the next spawned standby imported them.
+    def imported_versions(self) -> None:
+        return None  # a probe job costs a fork: the runner sends one
+
+    def wind_down(self) -> None:
+        pass  # nothing is started ahead
+
+    def stop_idle(self) -> None:
+        pass  # the server forks on demand: nothing idles
+
+    def close(self) -> None:
+        # The fork server and its resource tracker live until interpreter exit; stop them now so
+        # an in-process caller (a test) is left with no stray process. Both _stop() methods are
+        # what CPython's own tests use; without them the processes still end with this one.
+        from multiprocessing import forkserver, resource_tracker
+
+        for server in (forkserver._forkserver, resource_tracker._resource_tracker):
+            stop = getattr(server, "_stop", None)
+            if stop is not None:
+                stop()
+
+
+class _Standbys:
+    """Elsewhere: spawned interpreters started ahead, each taking one job once imported."""
+
+    def __init__(self, ctx: Any, pool: WorkerPool) -> None:
+        self._ctx = ctx
+        self._pool = pool  # its lock, timeout and cancellation
+        self._standby: list[_Standby] = []  # idle spawned workers, oldest first
+        self._home: Path | None = None
+        self._keep = STANDBY  # idle standbys to keep; 0 once no scenario is left to start
+
+    def start(self, workdir: Path) -> None:
+        self._home = workdir
+        # Nothing else runs yet, and the probe waits for the first standby's imports: one per
+        # core keeps every core importing for the first scenarios meanwhile, up to the four:
+        # the registered suite's first two scenarios take two workers each.
+        self._refill(max(STANDBY, min(os.cpu_count() or 1, 4)))
+
+    def launch(self, jobs: list[worker.Job]) -> list[Any]:
+        """Give each job to its own standby (starting more if too few wait), then refill."""
+        self._refill(len(jobs))
+        taken, self._standby = self._standby[: len(jobs)], self._standby[len(jobs) :]
+        for standby, job in zip(taken, jobs, strict=True):
+            standby.jobs.send(job)
+            standby.close()
+        self._refill(self._keep)
+        return [standby.process for standby in taken]
+
+    def imported_versions(self) -> dict[str, str | None]:
+        """torch's and NumPy's versions as the next standby imported them.
 
         Reading them uses nothing up: the standby still takes a job of its own later, so the
-        check before any scenario costs no interpreter. None on the fork-server path, where a
-        probe job costs a fork.
+        check before any scenario costs no interpreter.
         """
-        if self.method == "forkserver":
-            return None
-        with self._lock:
-            self._refuse_if_cancelled()
+        pool = self._pool
+        with pool._lock:
+            pool._refuse_if_cancelled()
             self._refill(1)
             proc, conn = self._standby[0].process, self._standby[0].ready
         try:
-            ready = conn.poll(self.timeout)  # waiting for the imports, without the lock
+            ready = conn.poll(pool.timeout)  # waiting for the imports, without the lock
             versions: dict[str, str | None] = conn.recv() if ready else {}
         except (EOFError, OSError):
-            self._refuse_if_cancelled()  # cancel() closed the pipe: an interrupt, not a failure
-            with self._lock:
+            pool._refuse_if_cancelled()  # cancel() closed the pipe: an interrupt, not a failure
+            with pool._lock:
                 proc.join(CANCEL_GRACE_SECONDS)
                 raise StandbyFailed(proc.exitcode) from None
         if not ready:
             raise StandbyFailed(None)
         return versions
 
+    def wind_down(self) -> None:
+        self._keep = 0
+
+    def stop_idle(self) -> None:
+        """Idle standbys have no job: closing their pipe ends them; kill any still importing."""
+        for standby in self._standby:
+            standby.close()
+            standby.process.kill()
+        for standby in self._standby:
+            standby.process.join(CANCEL_GRACE_SECONDS)
+        self._standby = []
+
+    def close(self) -> None:
+        self.stop_idle()
+
     def _refill(self, count: int) -> None:
-        """Start spawned standbys up to ``count`` idle ones (caller holds the lock)."""
+        """Start standbys up to ``count`` idle ones."""
         assert self._home is not None, "start() the pool first"
         while len(self._standby) < count:
             # Two one-way pipes, not one duplex socket: on one socket, once the pool has sent a
@@ -293,21 +309,85 @@ class WorkerPool:
             ready_writer.close()
             self._standby.append(_Standby(proc, job_writer, ready_reader))
 
-    def _hand_out(self, jobs: list[tuple[Any, ...]]) -> list[Any]:
-        """Give each job to its own standby (starting more if too few wait), then refill."""
-        self._refill(len(jobs))
-        taken, self._standby = self._standby[: len(jobs)], self._standby[len(jobs) :]
-        for standby, job in zip(taken, jobs, strict=True):
-            standby.jobs.send(job)
-            standby.close()
-        self._refill(self._keep)
-        return [standby.process for standby in taken]
+
+class WorkerPool:
+    def __init__(self, timeout: float, method: str | None = None) -> None:
+        self.timeout = timeout
+        self.cancelled = False
+        self._lock = threading.Lock()
+        self._live: set[Any] = set()  # started worker processes and the torchrun agent
+        self.method = method or start_method()
+        ctx = multiprocessing.get_context(self.method)
+        self._launcher: _Launcher = (
+            _ForkServer(ctx) if self.method == "forkserver" else _Standbys(ctx, self)
+        )
+
+    def start(self, workdir: Path) -> None:
+        """Start the fork server, or the first standbys, with their home and temp directory
+        inside ``workdir``.
+
+        Importing torch._dynamo creates ``$TMPDIR/torchinductor_<user>``; the workers' imports
+        must leave nothing outside the run's workspace. The fork server copies ``os.environ``
+        when it starts, so the environment is swapped only around that moment, before any
+        scenario thread exists.
+        """
+        workdir.mkdir()
+        for sub in ("home", "tmp"):
+            (workdir / sub).mkdir()
+        with self._lock:
+            self._launcher.start(workdir)
+
+    def run_group(self, call: Call, world_size: int, workdir: Path, group: str) -> GroupOutcome:
+        """Run ``call``'s task on ``world_size`` fresh ranks, each given its payload as it is."""
+        worker.prepare_workdir(workdir)
+        self._refuse_if_cancelled()
+        jobs = [
+            worker.Job(call.task, rank, world_size, str(workdir), group, call.payload, self.timeout)
+            for rank in range(world_size)
+        ]
+        # Not daemonic: a worker may start processes of its own (async_save's process mode
+        # does), which multiprocessing refuses a daemon. Every worker is reaped or killed here
+        # (and dies with its parent, worker.die_with_parent), so nothing needs the flag.
+        with self._lock:
+            # Again under the lock cancel() takes: a group must not start after its snapshot.
+            self._refuse_if_cancelled()
+            procs = self._launcher.launch(jobs)
+            self._live.update(procs)
+        try:
+            timed_out = _wait(procs, self.timeout, self._lock)
+        finally:
+            with self._lock:
+                self._live.difference_update(procs)
+        self._refuse_if_cancelled()
+        stragglers = reap_group(workdir, group, {p.pid for p in procs})
+        stragglers = sorted(stragglers + worker.stragglers(workdir, group, world_size))
+        results = []
+        for rank in range(world_size):
+            path = workdir / worker.result_path(group, rank)
+            if path.exists():
+                results.append(canonical.loads(path.read_bytes(), what=path.name))
+        with self._lock:
+            exit_codes = [int(p.exitcode) for p in procs]
+            for proc in procs:
+                proc.close()
+        return GroupOutcome(
+            exit_codes=exit_codes,
+            timed_out=timed_out,
+            results=results,
+            logs=[workdir / worker.log_path(group, r) for r in range(world_size)],
+            stragglers=stragglers,
+        )
+
+    def imported_versions(self) -> dict[str, str | None] | None:
+        """torch's and NumPy's versions as the next spawned standby imported them; None on the
+        fork-server path, where a probe job costs a fork."""
+        return self._launcher.imported_versions()
 
     def wind_down(self) -> None:
         """Every scenario has started: keep no more standbys (the last would be wasted imports);
         the groups still to come spawn their workers when they ask."""
         with self._lock:
-            self._keep = 0
+            self._launcher.wind_down()
 
     def track(self, proc: subprocess.Popen[bytes]) -> None:
         """Let :meth:`cancel` reach a process the pool did not start itself (the torchrun agent)."""
@@ -328,7 +408,7 @@ class WorkerPool:
         with self._lock:
             self.cancelled = True
             live = list(self._live)
-            self._stop_standby()
+            self._launcher.stop_idle()
         for proc in live:
             if isinstance(proc, subprocess.Popen):
                 kill_process_tree(proc)
@@ -345,29 +425,9 @@ class WorkerPool:
         if self.cancelled:
             raise Cancelled("the run is being interrupted")
 
-    def _stop_standby(self) -> None:
-        """Idle standbys have no job: closing their pipe ends them; kill any still importing."""
-        for standby in self._standby:
-            standby.close()
-            standby.process.kill()
-        for standby in self._standby:
-            standby.process.join(CANCEL_GRACE_SECONDS)
-        self._standby = []
-
     def close(self) -> None:
-        if self.method != "forkserver":
-            with self._lock:
-                self._stop_standby()
-            return
-        # The fork server and its resource tracker live until interpreter exit; stop them now so
-        # an in-process caller (a test) is left with no stray process. Both _stop() methods are
-        # what CPython's own tests use; without them the processes still end with this one.
-        from multiprocessing import forkserver, resource_tracker
-
-        for server in (forkserver._forkserver, resource_tracker._resource_tracker):
-            stop = getattr(server, "_stop", None)
-            if stop is not None:
-                stop()
+        with self._lock:
+            self._launcher.close()
 
 
 def reap_group(workdir: Path, group: str, sessions: set[int]) -> list[str]:

@@ -28,7 +28,7 @@ from dcp_invariant.evidence import rules
 from dcp_invariant.suite import reaper
 from dcp_invariant.suite.console import Log
 from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool
-from dcp_invariant.suite.scenarios import DRIVERS
+from dcp_invariant.suite.scenarios import DRIVERS, payloads
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import EnvironmentProblem, Workspace
@@ -210,17 +210,14 @@ def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str, run_plan: plan
     and fail, showing its traceback. One that hangs here would hang in every scenario.
     """
     workdir.mkdir()
-    outcome = pool.run_group(
-        "dcp_invariant.suite.scenarios.fixture_tasks:fixture_probe",
-        1,
-        workdir,
-        "probe",
+    probe = payloads.FIXTURE_PROBE(
         {
             "fixture": fixture,
             "fixture_args": run_plan.arguments,
             "rank_local": list(run_plan.rank_local),
-        },
+        }
     )
+    outcome = pool.run_group(probe, 1, workdir, "probe")
     record = outcome.results[0] if outcome.results else None
     if outcome.timed_out:
         raise FixtureTimeout(_probe_timeout(fixture, pool.timeout, record))
@@ -315,9 +312,7 @@ def _probe(pool: WorkerPool, workdir: Path) -> dict[str, str]:
     if imported is not None and None not in imported.values():
         return {name: str(version) for name, version in imported.items()}
     workdir.mkdir()
-    outcome = pool.run_group(
-        "dcp_invariant.suite.scenarios.tasks:runtime_versions", 1, workdir, "probe", {}
-    )
+    outcome = pool.run_group(payloads.RUNTIME_VERSIONS({}), 1, workdir, "probe")
     if not outcome.ok or not outcome.results:
         raise WorkerStartError(outcome.exit_codes, outcome.log_tail())
     result: dict[str, str] = outcome.results[0]

@@ -19,7 +19,8 @@ import socket
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -260,7 +261,7 @@ def standby(
         return  # the pool closed without a job for this one
     jobs.close()
     try:
-        start_in_workspace(*job)
+        start_in_workspace(job)
     except SystemExit as exc:
         status.code = _exit_status(exc.code)
         raise
@@ -332,23 +333,28 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def start_in_workspace(
-    task: str,
-    rank: int,
-    world_size: int,
-    workdir: str,
-    group: str,
-    payload: dict[str, Any],
-    timeout: float,
-) -> None:
+@dataclass(frozen=True)
+class Job:
+    """One rank's job: a forked worker's argument, or what a standby reads from its pipe."""
+
+    task: str  # "module:function", imported here (payloads.Task)
+    rank: int
+    world_size: int
+    workdir: str
+    group: str
+    payload: Mapping[str, Any]
+    timeout: float
+
+
+def start_in_workspace(job: Job) -> None:
     """Target of a forked or spawned worker: move into the workspace, then :func:`run`."""
     try:
-        os.chdir(workdir)
+        os.chdir(job.workdir)
     except OSError:
         # The run was interrupted between handing out this job and its start, and its
         # workspace is gone: there is nothing to do and no one to tell.
         exit_without_teardown(WORKSPACE_GONE_EXIT_CODE)
-    run(task, rank, world_size, group, payload, timeout)
+    run(job.task, job.rank, job.world_size, job.group, dict(job.payload), job.timeout)
 
 
 # A worker whose workspace vanished before it started: the run is being torn down.

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dcp_invariant.suite import pool, workspace
+from dcp_invariant.suite.scenarios.payloads import Call
 from dcp_invariant.suite.worker import Report
 
 pytestmark = pytest.mark.live
@@ -77,7 +78,7 @@ def test_loader_workers_use_the_platform_start_method(
         workers.start(space / "server")
         try:
             outcome = workers.run_group(
-                f"{__name__}:loader_workers", 1, tmp_path, "loader", {"loader": loader}
+                Call(f"{__name__}:loader_workers", {"loader": loader}), 1, tmp_path, "loader"
             )
         finally:
             workers.close()

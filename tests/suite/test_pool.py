@@ -14,6 +14,7 @@ import pytest
 from worker_tasks import FINALIZED
 
 from dcp_invariant.suite import pool, workspace
+from dcp_invariant.suite.scenarios.payloads import Call
 
 pytestmark = pytest.mark.live
 
@@ -31,7 +32,7 @@ def started(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[pool.Wor
 
 
 def test_a_worker_keeps_its_exit_status(started: pool.WorkerPool, tmp_path: Path) -> None:
-    outcome = started.run_group("worker_tasks:exit_with", 2, tmp_path, "exit", {"code": 7})
+    outcome = started.run_group(Call("worker_tasks:exit_with", {"code": 7}), 2, tmp_path, "exit")
     assert outcome.exit_codes == [7, 7]
     assert [r["rank"] for r in outcome.results] == [0, 1]
 
@@ -39,7 +40,7 @@ def test_a_worker_keeps_its_exit_status(started: pool.WorkerPool, tmp_path: Path
 def test_a_worker_ends_without_interpreter_teardown(
     started: pool.WorkerPool, tmp_path: Path
 ) -> None:
-    outcome = started.run_group("worker_tasks:keep_a_finalizer", 1, tmp_path, "teardown", {})
+    outcome = started.run_group(Call("worker_tasks:keep_a_finalizer", {}), 1, tmp_path, "teardown")
     assert outcome.ok, outcome.log_tail()
     assert outcome.results == [{"rank": 0}]
     assert not (tmp_path / FINALIZED).exists()
@@ -54,12 +55,16 @@ def _wind_down(space: Path, tmp_path: Path) -> None:
     workers = pool.WorkerPool(timeout=120, method="spawn")
     workers.start(space / "server")
     try:
-        outcome = workers.run_group("worker_tasks:exit_with", 1, tmp_path, "before", {"code": 0})
+        outcome = workers.run_group(
+            Call("worker_tasks:exit_with", {"code": 0}), 1, tmp_path, "before"
+        )
         assert outcome.exit_codes == [0]
         waiting = len(multiprocessing.active_children())
         assert waiting >= pool.STANDBY >= 1  # kept for the next job
         workers.wind_down()
-        outcome = workers.run_group("worker_tasks:exit_with", 1, tmp_path, "after", {"code": 0})
+        outcome = workers.run_group(
+            Call("worker_tasks:exit_with", {"code": 0}), 1, tmp_path, "after"
+        )
         assert outcome.exit_codes == [0]
         assert len(multiprocessing.active_children()) == waiting - 1  # used one, started none
     finally:

@@ -13,6 +13,7 @@ import pytest
 
 from dcp_invariant.suite.pool import Cancelled, GroupOutcome
 from dcp_invariant.suite.scenarios import shared_groups
+from dcp_invariant.suite.scenarios.payloads import Call
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 
 
@@ -24,10 +25,8 @@ class RecordingPool:
         self.release = release
         self.fail = fail
 
-    def run_group(
-        self, task: str, world_size: int, workdir: Path, name: str, payload: dict[str, Any]
-    ) -> GroupOutcome:
-        self.calls.append((task, world_size, workdir.name))
+    def run_group(self, call: Call, world_size: int, workdir: Path, name: str) -> GroupOutcome:
+        self.calls.append((call.task, world_size, workdir.name))
         if self.release is not None:
             assert self.release.wait(10)
         if self.fail:
@@ -48,8 +47,8 @@ def test_identical_groups_run_once_and_each_scenario_gets_its_own_store(tmp_path
     pool = RecordingPool()
     shared = SharedGroups(tmp_path / "shared", "ckpt")
     a, b = scenario_dirs(tmp_path, 2)
-    first = shared.run(pool, "tasks:train", 2, a, "source", {"steps": 3})  # type: ignore[arg-type]
-    second = shared.run(pool, "tasks:train", 2, b, "source", {"steps": 3})  # type: ignore[arg-type]
+    first = shared.run(pool, Call("tasks:train", {"steps": 3}), 2, a, "source")  # type: ignore[arg-type]
+    second = shared.run(pool, Call("tasks:train", {"steps": 3}), 2, b, "source")  # type: ignore[arg-type]
     assert pool.calls == [("tasks:train", 2, "group-1")]
     assert first is second
     (a / "ckpt" / "candidates" / "step-3" / ".metadata").unlink()  # one scenario damages its copy
@@ -69,9 +68,9 @@ def test_groups_that_differ_in_anything_run_apart(tmp_path: Path, other: tuple[A
     pool = RecordingPool()
     shared = SharedGroups(tmp_path / "shared", "ckpt")
     a, b = scenario_dirs(tmp_path, 2)
-    shared.run(pool, "tasks:train", 2, a, "source", {"steps": 3})  # type: ignore[arg-type]
+    shared.run(pool, Call("tasks:train", {"steps": 3}), 2, a, "source")  # type: ignore[arg-type]
     task, world_size, name, payload = other
-    shared.run(pool, task, world_size, b, name, payload)  # type: ignore[arg-type]
+    shared.run(pool, Call(task, payload), world_size, b, name)  # type: ignore[arg-type]
     assert [call[2] for call in pool.calls] == ["group-1", "group-2"]
 
 
@@ -81,7 +80,7 @@ def test_a_scenario_waits_for_the_group_another_is_running(tmp_path: Path) -> No
     shared = SharedGroups(tmp_path / "shared", "ckpt")
     a, b = scenario_dirs(tmp_path, 2)
     owner = threading.Thread(
-        target=shared.run, args=(pool, "tasks:train", 2, a, "source", {"steps": 3})
+        target=shared.run, args=(pool, Call("tasks:train", {"steps": 3}), 2, a, "source")
     )
     owner.start()
     while not pool.calls:
@@ -89,7 +88,7 @@ def test_a_scenario_waits_for_the_group_another_is_running(tmp_path: Path) -> No
     waiter_done = threading.Event()
 
     def wait() -> None:
-        shared.run(pool, "tasks:train", 2, b, "source", {"steps": 3})  # type: ignore[arg-type]
+        shared.run(pool, Call("tasks:train", {"steps": 3}), 2, b, "source")  # type: ignore[arg-type]
         waiter_done.set()
 
     waiter = threading.Thread(target=wait)
@@ -112,7 +111,7 @@ def test_an_interrupted_group_interrupts_every_scenario_waiting_for_it(tmp_path:
 
     def run(workdir: Path) -> None:
         try:
-            shared.run(pool, "tasks:train", 2, workdir, "source", {})  # type: ignore[arg-type]
+            shared.run(pool, Call("tasks:train", {}), 2, workdir, "source")  # type: ignore[arg-type]
         except Cancelled as exc:
             raised.append(exc)
 
@@ -134,14 +133,14 @@ def test_a_full_disk_while_copying_keeps_its_errno(
     shared = SharedGroups(tmp_path / "shared", "ckpt")
     a, b = scenario_dirs(tmp_path, 2)
     pool = RecordingPool()
-    shared.run(pool, "tasks:train", 2, a, "source", {})  # type: ignore[arg-type]
+    shared.run(pool, Call("tasks:train", {}), 2, a, "source")  # type: ignore[arg-type]
 
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(shutil, "copy2", full)
     with pytest.raises(OSError) as raised:
-        shared.run(pool, "tasks:train", 2, b, "source", {})  # type: ignore[arg-type]
+        shared.run(pool, Call("tasks:train", {}), 2, b, "source")  # type: ignore[arg-type]
     assert raised.value.errno == errno.ENOSPC
 
 

@@ -70,3 +70,27 @@ def test_a_rank_records_its_own_failure_by_kind(
         "diffs": [],
     }
     assert shape(rank_record, "rank") == []
+
+
+def test_each_task_reads_the_payload_type_its_drivers_are_held_to() -> None:
+    """payloads.Task pairs a task with the payload type mypy holds the drivers to: the function
+    a worker runs must read that same type, and every task function must have its Task."""
+    import inspect
+    import typing
+
+    from dcp_invariant.suite import worker
+    from dcp_invariant.suite.scenarios import fixture_tasks, payloads, tasks
+
+    for task in payloads.TASKS:
+        function = worker.resolve(task.ref)
+        assert typing.get_type_hints(function)["payload"] is task.payload, task.ref
+    parameters = ["rank", "world_size", "payload", "report"]
+    found = {
+        f"{module.__name__}:{name}"
+        for module in (tasks, fixture_tasks)
+        for name, function in vars(module).items()
+        if inspect.isfunction(function)
+        and function.__module__ == module.__name__
+        and list(inspect.signature(function).parameters) == parameters
+    }
+    assert found == {task.ref for task in payloads.TASKS}

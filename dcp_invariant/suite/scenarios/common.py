@@ -28,13 +28,17 @@ from dcp_invariant.evidence.families.records import (
     ObservationBase,
 )
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
-from dcp_invariant.suite.scenarios.payloads import Crash, Payload, PlannedSave, TrainAndSave
+from dcp_invariant.suite.scenarios.payloads import (
+    LOADS,
+    TRAIN_AND_SAVE,
+    Call,
+    Crash,
+    PlannedSave,
+    TrainAndSave,
+)
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import ENVIRONMENT_ERRNOS, environment_problem
 
-PACKAGE = "dcp_invariant.suite.scenarios"
-TASKS = f"{PACKAGE}.tasks"
-LOAD_TASKS = ("load_and_step", "dtensor_load", "fixture_tasks:fixture_resume")
 STORE_ROOT = "ckpt"  # relative to the workspace: checkpoint ids never carry an absolute path
 EMPTY_GROUP: GroupRecord = {"exit_codes": [], "timed_out": False, "ranks": []}
 # Failures of the protocol or of what workers left on disk: the scenario records them and fails,
@@ -97,25 +101,18 @@ class ScenarioContext:
         return CheckpointStore(self.workdir / STORE_ROOT)
 
     def group(
-        self,
-        name: str,
-        task: str,
-        world_size: int,
-        payload: Payload,
-        *,
-        shareable: bool = False,
+        self, name: str, call: Call, world_size: int, *, shareable: bool = False
     ) -> GroupOutcome:
-        """Run ``task`` (``name`` in tasks.py, or ``module:name`` beside it) on a fresh group.
+        """Run ``call`` (a task of :mod:`.payloads` with its payload) on a fresh group.
 
         ``shareable``: another scenario's identical group may have run it already; this one
         then gets that group's outcome and a copy of its store (:mod:`.shared_groups`).
         """
-        self.tasks_run.append(task)
-        ref = f"{PACKAGE}.{task}" if ":" in task else f"{TASKS}:{task}"
+        self.tasks_run.append(call.task)
         if shareable and self.shared is not None:
-            outcome = self.shared.run(self.pool, ref, world_size, self.workdir, name, payload)
+            outcome = self.shared.run(self.pool, call, world_size, self.workdir, name)
         else:
-            outcome = self.pool.run_group(ref, world_size, self.workdir, name, payload)
+            outcome = self.pool.run_group(call, world_size, self.workdir, name)
         self.outcomes.append((name, outcome))
         self.left_running(name, outcome.stragglers)
         return outcome
@@ -132,7 +129,7 @@ class ScenarioContext:
         ]
 
     def load_attempted(self) -> bool:
-        return any(task in LOAD_TASKS for task in self.tasks_run)
+        return any(task in LOADS for task in self.tasks_run)
 
     def begin(self, **fields: Any) -> dict[str, Any]:
         """The observation with every field present, so a scenario cut short still has its shape."""
@@ -195,7 +192,7 @@ class ScenarioContext:
             "reference_step": reference_step,
         }
         outcome = self.group(
-            "source", "train_and_save", self.scenario.source_world_size, payload, shareable=True
+            "source", TRAIN_AND_SAVE(payload), self.scenario.source_world_size, shareable=True
         )
         obs["source"] = outcome.record()
         return outcome

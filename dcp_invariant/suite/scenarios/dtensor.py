@@ -6,7 +6,12 @@ from typing import Any
 
 from dcp_invariant import plan
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
-from dcp_invariant.suite.scenarios.payloads import DTensorLoad, DTensorSave
+from dcp_invariant.suite.scenarios.payloads import (
+    DTENSOR_LOAD,
+    DTENSOR_SAVE,
+    DTensorLoad,
+    DTensorSave,
+)
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
@@ -20,7 +25,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     )
     with ctx.recording(obs):
         save: DTensorSave = {"checkpoint": ctx.candidate_id(plan.DTENSOR_LABEL)}
-        source = ctx.group("source", "dtensor_save", sc.source_world_size, save)
+        source = ctx.group("source", DTENSOR_SAVE(save), sc.source_world_size)
         obs["source"] = source.record()
         if not source.ok:
             return obs
@@ -28,6 +33,6 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         if not obs["commit"]["promoted"]:
             return obs
         load: DTensorLoad = {"store": STORE_ROOT}
-        target = ctx.group("target", "dtensor_load", sc.target_world_size, load)
+        target = ctx.group("target", DTENSOR_LOAD(load), sc.target_world_size)
         obs["target"] = ctx.target_record(target)
     return obs

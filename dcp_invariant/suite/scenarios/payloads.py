@@ -1,14 +1,18 @@
-"""What a driver sends each worker task: one TypedDict a task.
+"""What a driver sends each worker task: one TypedDict a task, and the task paired with it.
 
 Drivers (which never import torch) build these, and the tasks in :mod:`.tasks` and
-:mod:`.fixture_tasks` annotate their payload with them, so mypy holds the keys a driver sends to
-the keys its task reads. A payload crosses into the worker as it is built (pickled, or as JSON
-for torchrun's ranks), so every value is plain data.
+:mod:`.fixture_tasks` annotate their payload with them. Each task is named once, below, as a
+:class:`Task` of its payload type: a driver calls it with the payload (``FIXTURE_TRAIN({...})``),
+so mypy holds the keys a driver sends to the keys its task reads, and a test holds each
+:class:`Task` to its function's annotation. A payload crosses into the worker as it is built
+(pickled, or as JSON for torchrun's ranks), so every value is plain data.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Generic, Literal, NotRequired, TypedDict, TypeVar
 
 from dcp_invariant import plan
 
@@ -110,5 +114,52 @@ class Elastic(TypedDict):
     timeout: float
 
 
-# What a driver's group may be sent (:meth:`.common.ScenarioContext.group`).
-Payload = TrainAndSave | LoadAndStep | DTensorSave | DTensorLoad | FixtureTrain | FixtureResume
+P = TypeVar("P", bound=Mapping[str, Any])
+
+
+@dataclass(frozen=True)
+class Call:
+    """A task with its payload: what every rank of a group runs (:meth:`.pool.WorkerPool.run_group`).
+
+    ``task`` is ``"module:function"``, imported by the worker. The drivers make these through
+    :class:`Task`; the tests' own tasks (``tests/worker_tasks.py``) are called by name.
+    """
+
+    task: str
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Task(Generic[P]):
+    """A worker task, ``"module:function"``, and the payload type its function reads."""
+
+    ref: str
+    payload: type[P]
+
+    def __call__(self, payload: P) -> Call:
+        return Call(self.ref, payload)
+
+
+_TASKS: Final = "dcp_invariant.suite.scenarios.tasks"
+_FIXTURE_TASKS: Final = "dcp_invariant.suite.scenarios.fixture_tasks"
+RUNTIME_VERSIONS: Final = Task(f"{_TASKS}:runtime_versions", RuntimeVersions)
+TRAIN_AND_SAVE: Final = Task(f"{_TASKS}:train_and_save", TrainAndSave)
+LOAD_AND_STEP: Final = Task(f"{_TASKS}:load_and_step", LoadAndStep)
+DTENSOR_SAVE: Final = Task(f"{_TASKS}:dtensor_save", DTensorSave)
+DTENSOR_LOAD: Final = Task(f"{_TASKS}:dtensor_load", DTensorLoad)
+FIXTURE_PROBE: Final = Task(f"{_FIXTURE_TASKS}:fixture_probe", FixtureProbe)
+FIXTURE_TRAIN: Final = Task(f"{_FIXTURE_TASKS}:fixture_train", FixtureTrain)
+FIXTURE_RESUME: Final = Task(f"{_FIXTURE_TASKS}:fixture_resume", FixtureResume)
+# Every task a driver or the runner sends, and the ones that load a checkpoint: a scenario that
+# ran one of those attempted a load (:meth:`.common.ScenarioContext.load_attempted`).
+TASKS: Final = (
+    RUNTIME_VERSIONS,
+    TRAIN_AND_SAVE,
+    LOAD_AND_STEP,
+    DTENSOR_SAVE,
+    DTENSOR_LOAD,
+    FIXTURE_PROBE,
+    FIXTURE_TRAIN,
+    FIXTURE_RESUME,
+)
+LOADS: Final = frozenset({LOAD_AND_STEP.ref, DTENSOR_LOAD.ref, FIXTURE_RESUME.ref})

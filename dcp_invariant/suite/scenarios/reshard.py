@@ -12,7 +12,12 @@ from typing import Any
 
 from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
-from dcp_invariant.suite.scenarios.payloads import FixtureResume, FixtureTrain
+from dcp_invariant.suite.scenarios.payloads import (
+    FIXTURE_RESUME,
+    FIXTURE_TRAIN,
+    FixtureResume,
+    FixtureTrain,
+)
 
 SOURCE_SNAPSHOTS = "snapshots/source"
 
@@ -49,7 +54,7 @@ def resume_group(ctx: ScenarioContext, snapshots: str, *, compare_steps: bool) -
         "steps_after": ctx.run_plan.steps_after,
         "store": STORE_ROOT,
     }
-    target = ctx.group("target", "fixture_tasks:fixture_resume", sc.target_world_size, payload)
+    target = ctx.group("target", FIXTURE_RESUME(payload), sc.target_world_size)
     return ctx.target_record(target)
 
 
@@ -67,9 +72,8 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     with ctx.recording(obs):
         source = ctx.group(
             "source",
-            "fixture_tasks:fixture_train",
+            FIXTURE_TRAIN(train_payload(ctx, label, SOURCE_SNAPSHOTS, 0)),
             sc.source_world_size,
-            train_payload(ctx, label, SOURCE_SNAPSHOTS, 0),
         )
         obs["source"] = source.record()
         if not source.ok:

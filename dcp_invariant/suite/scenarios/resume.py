@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant.suite.scenarios.common import ScenarioContext
-from dcp_invariant.suite.scenarios.payloads import FixtureTrain
+from dcp_invariant.suite.scenarios.payloads import FIXTURE_TRAIN, FixtureTrain
 from dcp_invariant.suite.scenarios.reshard import resume_group, train_payload
 
 REFERENCE_SNAPSHOTS = "snapshots/reference"
@@ -46,21 +46,17 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     label = the_plan.baseline_label
     with ctx.recording(obs):
         reference = ctx.group(
-            "reference",
-            "fixture_tasks:fixture_train",
-            sc.source_world_size,
-            _arm(ctx, label, REFERENCE_SNAPSHOTS),
+            "reference", FIXTURE_TRAIN(_arm(ctx, label, REFERENCE_SNAPSHOTS)), sc.source_world_size
         )
         obs["reference"] = reference.record()
         if not reference.ok:
             return obs  # a fixture that fails or hangs once would do it again
         repeat = ctx.group(
             "repeat",
-            "fixture_tasks:fixture_train",
-            sc.source_world_size,
             # Only its records are compared (diagnosis.nondeterminism), never its values:
             # writing them would double what the run writes besides the checkpoints.
-            _arm(ctx, f"repeat-{label}", None),
+            FIXTURE_TRAIN(_arm(ctx, f"repeat-{label}", None)),
+            sc.source_world_size,
         )
         obs["repeat"] = repeat.record()
         if not repeat.ok:

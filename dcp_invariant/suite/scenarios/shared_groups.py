@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
 from dcp_invariant import canonical
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
+from dcp_invariant.suite.scenarios.payloads import Call
 
 
 class SharedGroups:
@@ -33,20 +33,16 @@ class SharedGroups:
         self._runs: dict[bytes, Future[tuple[Path, GroupOutcome]]] = {}
 
     def run(
-        self,
-        pool: WorkerPool,
-        task: str,
-        world_size: int,
-        workdir: Path,
-        name: str,
-        payload: Mapping[str, object],
+        self, pool: WorkerPool, call: Call, world_size: int, workdir: Path, name: str
     ) -> GroupOutcome:
         """The group's outcome, running it only if no scenario has; its store copied to ``workdir``.
 
         The first scenario to ask runs the group; the others wait for it. If it fails to run
         at all (an interrupt), every waiter gets the same exception.
         """
-        key = canonical.dumps({"name": name, "payload": payload, "task": task, "ws": world_size})
+        key = canonical.dumps(
+            {"name": name, "payload": call.payload, "task": call.task, "ws": world_size}
+        )
         with self._lock:
             future = self._runs.get(key)
             owner = future is None
@@ -57,7 +53,7 @@ class SharedGroups:
         if owner:
             try:
                 home.mkdir(parents=True)
-                future.set_result((home, pool.run_group(task, world_size, home, name, payload)))
+                future.set_result((home, pool.run_group(call, world_size, home, name)))
             except BaseException as exc:
                 future.set_exception(exc)
                 raise

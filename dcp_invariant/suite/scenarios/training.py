@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
-from dcp_invariant.suite.scenarios.payloads import LoadAndStep
+from dcp_invariant.suite.scenarios.payloads import LOAD_AND_STEP, LoadAndStep
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
@@ -21,6 +21,6 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
             "fixture_args": ctx.run_plan.arguments,
             "store": STORE_ROOT,
         }
-        target = ctx.group("target", "load_and_step", sc.target_world_size, payload)
+        target = ctx.group("target", LOAD_AND_STEP(payload), sc.target_world_size)
         obs["target"] = ctx.target_record(target)
     return obs
