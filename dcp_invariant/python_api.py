@@ -138,7 +138,7 @@ def run_plan(
 ) -> Report:
     """Run ``run``'s scenarios and write the artifact to ``output_dir``; the report it holds."""
     from dcp_invariant.evidence import provenance
-    from dcp_invariant.evidence.families.groups import TIMEOUT
+    from dcp_invariant.evidence.diagnosis import TIMEOUT
     from dcp_invariant.suite import output_dir as reserve
     from dcp_invariant.suite import reaper, runner
 

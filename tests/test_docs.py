@@ -20,7 +20,7 @@ import pytest
 
 from dcp_invariant import plan, runtimes, wheels
 from dcp_invariant.evidence import diagnosis, schema
-from dcp_invariant.evidence.families.groups import TIMEOUT
+from dcp_invariant.evidence.diagnosis import TIMEOUT
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"

@@ -26,6 +26,9 @@ ROUND_TRIP = "did not round-trip through DCP"
 OUTSIDE_STATE_DICT = "state outside state_dict()"
 NONDETERMINISTIC = "non-deterministic fixture"
 NON_FINITE = "non-finite loss"
+# A group killed at its deadline (families._groups.timed_out); check() reports a fixture whose
+# first step timed out under it too.
+TIMEOUT = "timeout"
 # A reshard's own causes: the load failed at the target world size, or it succeeded and left
 # saved values that no target rank asked for (torchtitan issue #811).
 DOES_NOT_RESHARD = "does not reshard"

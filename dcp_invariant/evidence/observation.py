@@ -15,13 +15,13 @@ from dcp_invariant import plan
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.checks import Check
 from dcp_invariant.evidence.families import FAMILIES
-from dcp_invariant.evidence.families.fixture_arms import (
+from dcp_invariant.evidence.families._fixture_arms import (
     fixture_resume_rank as fixture_resume_rank,
 )
-from dcp_invariant.evidence.families.record_parts import (
+from dcp_invariant.evidence.families._record_parts import (
     AGGREGATE as AGGREGATE,
 )
-from dcp_invariant.evidence.families.record_parts import (
+from dcp_invariant.evidence.families._record_parts import (
     aggregate as aggregate,
 )
 from dcp_invariant.evidence.families.records import CommitRecord

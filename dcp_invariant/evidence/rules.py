@@ -15,9 +15,9 @@ from typing import Any, Literal
 from dcp_invariant import plan
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.families import FAMILIES
-from dcp_invariant.evidence.families.record_parts import Obs
+from dcp_invariant.evidence.families._record_parts import Obs
+from dcp_invariant.evidence.families._sightings import Sightings
 from dcp_invariant.evidence.families.records import CommitRecord
-from dcp_invariant.evidence.families.sightings import Sightings
 
 
 def derive(name: str, obs: Obs, *, run_plan: plan.Plan) -> list[str]:

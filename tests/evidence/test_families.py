@@ -13,7 +13,8 @@ import pytest
 from dcp_invariant import plan
 from dcp_invariant.evidence import families
 from dcp_invariant.evidence.checks import Record, json_object
-from dcp_invariant.evidence.families import FAMILIES, record_parts, records
+from dcp_invariant.evidence.families import FAMILIES, records
+from dcp_invariant.evidence.families import _record_parts as record_parts
 
 EVIDENCE = Path(families.__file__).parent.parent
 MEMBERS = ("shape_for", "rule", "commits", "sightings")

@@ -24,8 +24,8 @@ from dcp_invariant.evidence.families import (
     resume_evidence,
     training_evidence,
 )
-from dcp_invariant.evidence.families.record_parts import Obs
-from dcp_invariant.evidence.families.sightings import Sightings
+from dcp_invariant.evidence.families._record_parts import Obs
+from dcp_invariant.evidence.families._sightings import Sightings
 
 
 class Family(Protocol):

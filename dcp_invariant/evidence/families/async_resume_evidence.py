@@ -6,14 +6,14 @@ from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import one_of, optional, record
 from dcp_invariant.evidence.families import resume_evidence
-from dcp_invariant.evidence.families.fixture_arms import (
+from dcp_invariant.evidence.families._fixture_arms import (
     async_train_rank,
     fixture_common_fields,
     fixture_sightings,
     saved_by_rank,
 )
-from dcp_invariant.evidence.families.promotion import commit_at_baseline
-from dcp_invariant.evidence.families.record_parts import Obs, always, group
+from dcp_invariant.evidence.families._promotion import commit_at_baseline
+from dcp_invariant.evidence.families._record_parts import Obs, always, group
 
 SHAPE = record(
     **fixture_common_fields,

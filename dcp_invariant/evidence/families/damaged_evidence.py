@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, one_of, optional, record, string
-from dcp_invariant.evidence.families.groups import consensus, group_finished
-from dcp_invariant.evidence.families.promotion import (
+from dcp_invariant.evidence.families._groups import consensus, group_finished
+from dcp_invariant.evidence.families._promotion import (
     baseline_and_candidate,
     exactly_dcp_files,
     refusals,
     refused_after_baseline,
 )
-from dcp_invariant.evidence.families.record_parts import Obs, always, common_fields
-from dcp_invariant.evidence.families.training_source import (
+from dcp_invariant.evidence.families._record_parts import Obs, always, common_fields
+from dcp_invariant.evidence.families._training_source import (
     refused_candidate_fields,
     source_sightings,
 )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, optional, record, string
-from dcp_invariant.evidence.families.groups import consensus, group_finished
-from dcp_invariant.evidence.families.promotion import (
+from dcp_invariant.evidence.families._groups import consensus, group_finished
+from dcp_invariant.evidence.families._promotion import (
     committed_then_loaded,
     loaded_through_pointer,
 )
-from dcp_invariant.evidence.families.record_parts import (
+from dcp_invariant.evidence.families._record_parts import (
     Obs,
     always,
     commit,
@@ -19,7 +19,7 @@ from dcp_invariant.evidence.families.record_parts import (
     load_fields,
     shape,
 )
-from dcp_invariant.evidence.families.sightings import Sightings
+from dcp_invariant.evidence.families._sightings import Sightings
 
 dtensor_source_rank = record(rank=integer(0), local_shape=shape, global_digest=hex64)
 dtensor_target_rank = record(

@@ -15,10 +15,10 @@ from dcp_invariant.evidence.checks import (
     record,
     string,
 )
-from dcp_invariant.evidence.families.fixture_arms import left_running
-from dcp_invariant.evidence.families.groups import rank_set, timed_out
-from dcp_invariant.evidence.families.promotion import commit_at_baseline, committed
-from dcp_invariant.evidence.families.record_parts import (
+from dcp_invariant.evidence.families._fixture_arms import left_running
+from dcp_invariant.evidence.families._groups import rank_set, timed_out
+from dcp_invariant.evidence.families._promotion import commit_at_baseline, committed
+from dcp_invariant.evidence.families._record_parts import (
     Obs,
     commit,
     common_fields,
@@ -29,7 +29,7 @@ from dcp_invariant.evidence.families.record_parts import (
     load_fields,
     step,
 )
-from dcp_invariant.evidence.families.training_source import (
+from dcp_invariant.evidence.families._training_source import (
     resumed,
     saved_and_stepped,
     source_sightings,

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, record, string
-from dcp_invariant.evidence.families.groups import consensus, rank_set, timed_out
-from dcp_invariant.evidence.families.promotion import (
+from dcp_invariant.evidence.families._groups import consensus, rank_set, timed_out
+from dcp_invariant.evidence.families._promotion import (
     baseline_and_candidate,
     exactly_dcp_files,
     refused_after_baseline,
 )
-from dcp_invariant.evidence.families.record_parts import (
+from dcp_invariant.evidence.families._record_parts import (
     Obs,
     always,
     common_fields,
     exit_code,
 )
-from dcp_invariant.evidence.families.training_source import (
+from dcp_invariant.evidence.families._training_source import (
     refused_candidate_fields,
     source_sightings,
 )

@@ -9,7 +9,7 @@ from typing import Any
 from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import list_of, record, string
-from dcp_invariant.evidence.families.fixture_arms import (
+from dcp_invariant.evidence.families._fixture_arms import (
     component,
     fixture_arm,
     fixture_common_fields,
@@ -18,13 +18,13 @@ from dcp_invariant.evidence.families.fixture_arms import (
     load_failures,
     saved_by_rank,
 )
-from dcp_invariant.evidence.families.groups import first_non_finite_loss, group_finished
-from dcp_invariant.evidence.families.promotion import (
+from dcp_invariant.evidence.families._groups import first_non_finite_loss, group_finished
+from dcp_invariant.evidence.families._promotion import (
     commit_at_baseline,
     committed,
     loaded_through_pointer,
 )
-from dcp_invariant.evidence.families.record_parts import Obs, always, group
+from dcp_invariant.evidence.families._record_parts import Obs, always, group
 
 SHAPE = record(
     **fixture_common_fields, source=group(fixture_train_rank), left_out=list_of(string, 64)

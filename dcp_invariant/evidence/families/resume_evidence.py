@@ -6,7 +6,7 @@ from __future__ import annotations
 from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import optional, record
-from dcp_invariant.evidence.families.fixture_arms import (
+from dcp_invariant.evidence.families._fixture_arms import (
     fixture_arm,
     fixture_common_fields,
     fixture_sightings,
@@ -14,13 +14,13 @@ from dcp_invariant.evidence.families.fixture_arms import (
     load_failures,
     saved_by_rank,
 )
-from dcp_invariant.evidence.families.groups import group_finished
-from dcp_invariant.evidence.families.promotion import (
+from dcp_invariant.evidence.families._groups import group_finished
+from dcp_invariant.evidence.families._promotion import (
     commit_at_baseline,
     committed,
     loaded_through_pointer,
 )
-from dcp_invariant.evidence.families.record_parts import Obs, always, group
+from dcp_invariant.evidence.families._record_parts import Obs, always, group
 
 SHAPE = record(
     **fixture_common_fields,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence.checks import integer, optional, record, string
-from dcp_invariant.evidence.families.groups import consensus
-from dcp_invariant.evidence.families.promotion import (
+from dcp_invariant.evidence.families._groups import consensus
+from dcp_invariant.evidence.families._promotion import (
     commit_at_baseline,
     committed_then_loaded,
 )
-from dcp_invariant.evidence.families.record_parts import (
+from dcp_invariant.evidence.families._record_parts import (
     Obs,
     always,
     commit,
@@ -20,7 +20,7 @@ from dcp_invariant.evidence.families.record_parts import (
     load_fields,
     step,
 )
-from dcp_invariant.evidence.families.training_source import (
+from dcp_invariant.evidence.families._training_source import (
     resumed,
     saved_and_stepped,
     source_sightings,

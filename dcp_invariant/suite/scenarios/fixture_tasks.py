@@ -142,7 +142,7 @@ def _stop_if_not_finite(loss: float, step: str) -> None:
     """After a non-finite loss is recorded: the run cannot go on meaningfully, so stop here.
 
     The recorded loss (``nan``, ``inf``) is what the verdict rests on (``non-finite loss`` in
-    dcp_invariant/evidence/families/fixture_arms.py); the exit code stops the scenario's later groups.
+    dcp_invariant/evidence/families/_fixture_arms.py); the exit code stops the scenario's later groups.
     """
     if not math.isfinite(loss):
         _fail(f"{step} returned {loss!r}, expected a finite float loss")

@@ -21,12 +21,12 @@ from dcp_invariant.evidence.checks import (
     string,
     type_name,
 )
-from dcp_invariant.evidence.families.groups import (
+from dcp_invariant.evidence.families._groups import (
     first_non_finite_loss,
     group_finished,
     stopped_at_non_finite_loss,
 )
-from dcp_invariant.evidence.families.record_parts import (
+from dcp_invariant.evidence.families._record_parts import (
     Obs,
     commit,
     common_fields,
@@ -34,8 +34,8 @@ from dcp_invariant.evidence.families.record_parts import (
     group,
     load_fields,
 )
+from dcp_invariant.evidence.families._sightings import Sightings
 from dcp_invariant.evidence.families.records import GroupRecord
-from dcp_invariant.evidence.families.sightings import Sightings
 
 # A fixture run's per-key records: {"app.model.weight": "float32[4,2] <sha256>", ...}.
 _KEY_PATH = re.compile(r"[^\x00-\x1f]{1,1024}")

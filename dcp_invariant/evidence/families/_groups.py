@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dcp_invariant.evidence.families.record_parts import Obs
+from dcp_invariant.evidence.diagnosis import TIMEOUT
+from dcp_invariant.evidence.families._record_parts import Obs
 from dcp_invariant.evidence.families.records import GroupRecord
 
 
@@ -27,9 +28,6 @@ def group_finished(group: GroupRecord, world_size: int, where: str) -> list[str]
         if c != 0 and not (c == 1 and r in stopped)
     ]
     return reasons + rank_set(group["ranks"], world_size, where)
-
-
-TIMEOUT = "timeout"
 
 
 def timed_out(phase: str) -> str:

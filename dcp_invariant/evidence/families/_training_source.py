@@ -9,11 +9,11 @@ from typing import Any
 from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import Check, boolean, integer, list_of, optional, record
-from dcp_invariant.evidence.families.groups import group_finished
-from dcp_invariant.evidence.families.promotion import loaded_through_pointer
-from dcp_invariant.evidence.families.record_parts import Obs, commit, digests, group, step
+from dcp_invariant.evidence.families._groups import group_finished
+from dcp_invariant.evidence.families._promotion import loaded_through_pointer
+from dcp_invariant.evidence.families._record_parts import Obs, commit, digests, group, step
+from dcp_invariant.evidence.families._sightings import Sightings
 from dcp_invariant.evidence.families.records import CommitRecord
-from dcp_invariant.evidence.families.sightings import Sightings
 
 training_source_rank = record(rank=integer(0), saves=list_of(digests, 4), next=optional(step))
 # The rest of a rank_exit or damaged record: the source group, the committed baseline, the

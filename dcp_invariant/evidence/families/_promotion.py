@@ -4,8 +4,8 @@ was; and the ranks that load it do so through the pointer."""
 from __future__ import annotations
 
 from dcp_invariant import plan
-from dcp_invariant.evidence.families.groups import group_finished
-from dcp_invariant.evidence.families.record_parts import Obs
+from dcp_invariant.evidence.families._groups import group_finished
+from dcp_invariant.evidence.families._record_parts import Obs
 from dcp_invariant.evidence.families.records import CommitRecord, GroupRecord
 
 
