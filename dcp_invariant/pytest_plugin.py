@@ -37,10 +37,14 @@ class Checker:
         try:
             report = check(fixture, **options)
         except BadInput as exc:
-            pytest.fail(f"dcp-invariant: bad input: {exc}", pytrace=False)
-        if not report.passed:
-            raise AssertionError(str(report))
-        return report
+            refused = str(exc)
+        else:
+            if not report.passed:
+                raise AssertionError(str(report))
+            return report
+        # Outside the except block: failed inside it, the test would show the BadInput being
+        # handled too, and "During handling of the above exception, another exception occurred".
+        pytest.fail(f"dcp-invariant: bad input: {refused}", pytrace=False)
 
 
 @pytest.fixture

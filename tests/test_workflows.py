@@ -10,7 +10,6 @@ files do not exist, and collection must still succeed there.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import re
 import shutil
@@ -145,8 +144,10 @@ def tool(name: str) -> str | None:
     ids=["action.yml", "ci.yml", "release.yml", "newest-torch.yml"],
 )
 def test_files_match_githubs_schema(schema: str, path: Path) -> None:
-    if importlib.util.find_spec("check_jsonschema") is None:
-        pytest.skip("check-jsonschema is not installed (it comes with the `test` extra)")
+    pytest.importorskip(
+        "check_jsonschema",
+        reason="check-jsonschema is not installed (it comes with the `test` extra)",
+    )
     # The vendor schemas ship inside check-jsonschema, so this needs no network.
     done = subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", schema, str(path)],

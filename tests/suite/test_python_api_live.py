@@ -3,7 +3,6 @@ and the pytest plugin in a pytest of its own (a user's test suite)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -88,8 +87,8 @@ def _readme_plugin_test() -> str:
 
 @pytest.mark.parametrize("parallel", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_the_pytest_plugin_in_a_users_test_suite(tmp_path: Path, parallel: list[str]) -> None:
-    if parallel and importlib.util.find_spec("xdist") is None:
-        pytest.skip("pytest-xdist is not installed")
+    if parallel:
+        pytest.importorskip("xdist", reason="pytest-xdist is not installed")
     project = tmp_path / "project"
     (project / "examples").mkdir(parents=True)
     for example in ("mlp_fixture.py", "buggy_mlp_fixture.py"):

@@ -1,0 +1,184 @@
+"""The pytest plugin: the ``dcp_invariant`` fixture a user's test gets, where each check's
+evidence goes, and what a test shows when a check passes, fails or is given bad input.
+
+A user's test file runs in a pytest of its own (pytester). Only bad input reaches the real
+:func:`dcp_invariant.check`, which refuses it before anything runs; elsewhere ``check`` is
+replaced by one returning a report built from the package's own types, without torch:
+tests/suite/test_python_api_live.py runs the plugin on real checks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from dcp_invariant import Report, ScenarioResult, pytest_plugin, python_api
+from dcp_invariant.evidence import diagnosis
+from dcp_invariant.pytest_plugin import Checker
+
+pytest_plugins = ["pytester"]
+
+REASON = f"{diagnosis.OUTSIDE_STATE_DICT}: app.rng differs after the resume"
+
+
+def report_of(failed: bool, artifact: Path | None) -> Report:
+    """A report as check() returns one: two scenarios, the resume failed or not."""
+    results = {
+        "checkpoint_1": ScenarioResult("checkpoint_1", "pass", ()),
+        "resume_1": ScenarioResult("resume_1", "fail", (REASON,))
+        if failed
+        else ScenarioResult("resume_1", "pass", ()),
+    }
+    return Report(
+        not failed, MappingProxyType(results), python_api.ranked(results.values()), artifact
+    )
+
+
+class FakeCheck:
+    """Stands in for dcp_invariant.check: records each call, returns a report whose artifact
+    is the output directory it was given (as the real one does)."""
+
+    def __init__(self, failed: bool = False) -> None:
+        self.failed = failed
+        self.calls: list[tuple[object, dict[str, Any]]] = []
+        self.reports: list[Report] = []
+
+    def __call__(self, fixture: object, **options: Any) -> Report:
+        self.calls.append((fixture, options))
+        self.reports.append(report_of(self.failed, Path(options["output_dir"])))
+        return self.reports[-1]
+
+
+# --- the Checker a test gets ---------------------------------------------------------------
+
+
+def test_each_check_writes_to_a_directory_of_its_own_under_the_tests_tmp_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCheck()
+    monkeypatch.setattr(pytest_plugin, "check", fake)
+    checker = Checker(tmp_path)
+    first = checker.check("pkg.mod:make_app", world_sizes=[1, 2])
+    second = checker.check("pkg.mod:other", output_dir=tmp_path / "mine")
+    third = checker.check("pkg.mod:make_app")
+
+    assert fake.calls == [
+        ("pkg.mod:make_app", {"world_sizes": [1, 2], "output_dir": tmp_path / "dcp-invariant-1"}),
+        ("pkg.mod:other", {"output_dir": tmp_path / "mine"}),  # the test's own choice stays
+        ("pkg.mod:make_app", {"output_dir": tmp_path / "dcp-invariant-3"}),
+    ]
+    # A passing check returns its report.
+    assert [first, second, third] == fake.reports
+    assert all(report.passed for report in fake.reports)
+
+
+def test_a_failed_check_raises_an_assertion_error_whose_message_is_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCheck(failed=True)
+    monkeypatch.setattr(pytest_plugin, "check", fake)
+    with pytest.raises(AssertionError) as caught:
+        Checker(tmp_path).check("pkg.mod:make_app")
+    [report] = fake.reports
+    assert str(caught.value) == str(report)
+    assert str(caught.value).startswith("dcp-invariant: fail: 1 passed, 1 failed; evidence in ")
+    assert f"  - {REASON}" in str(caught.value).splitlines()
+
+
+def test_bad_input_fails_the_test_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    with pytest.raises(pytest.fail.Exception) as caught:
+        Checker(tmp_path).check("pkg.mod:make_app", world_sizes="12")
+    assert (
+        caught.value.msg == "dcp-invariant: bad input: world sizes '12': give integers, e.g. (1, 2)"
+    )
+    assert caught.value.pytrace is False
+    # Nothing chained: pytest would show the BadInput's message too, as a line of its own.
+    assert caught.value.__context__ is None and caught.value.__cause__ is None
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+# --- what a user's test run shows ------------------------------------------------------------
+
+
+def run_user_tests(pytester: pytest.Pytester) -> pytest.RunResult:
+    """The user's test file, in a pytest of its own whose temp directories are under
+    ``pytester.path / "basetemp"``."""
+    return pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", f"--basetemp={pytester.path / 'basetemp'}"
+    )
+
+
+USER_TESTS = """
+def test_two_checks(dcp_invariant, tmp_path):
+    first = dcp_invariant.check("pkg.mod:make_app", world_sizes=[1])
+    second = dcp_invariant.check("pkg.mod:make_app")
+    assert first.passed and second.passed
+    assert first.artifact == tmp_path / "dcp-invariant-1"
+    assert second.artifact == tmp_path / "dcp-invariant-2"
+
+def test_another_check(dcp_invariant, tmp_path):
+    assert dcp_invariant.check("pkg.mod:make_app").artifact == tmp_path / "dcp-invariant-1"
+"""
+
+
+def test_a_users_tests_get_the_fixture_and_each_its_own_directories(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCheck()
+    monkeypatch.setattr(pytest_plugin, "check", fake)
+    pytester.makepyfile(test_user=USER_TESTS)
+    result = run_user_tests(pytester)
+    result.assert_outcomes(passed=2)
+    directories = [options["output_dir"] for _, options in fake.calls]
+    assert len(set(directories)) == 3
+    assert directories[0].parent == directories[1].parent != directories[2].parent
+    assert all(d.is_relative_to(pytester.path / "basetemp") for d in directories)
+
+
+def test_a_users_failed_check_shows_the_report_at_the_tests_own_line(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCheck(failed=True)
+    monkeypatch.setattr(pytest_plugin, "check", fake)
+    pytester.makepyfile(
+        test_user="""
+        def test_resume(dcp_invariant):
+            dcp_invariant.check("pkg.mod:make_app")
+        """
+    )
+    result = run_user_tests(pytester)
+    result.assert_outcomes(failed=1)
+    [report] = fake.reports
+    first, *rest = str(report).splitlines()
+    shown = ["E       AssertionError: " + first] + ["E       " + line for line in rest]
+    lines = result.outlines
+    start = lines.index(shown[0])
+    assert lines[start : start + len(shown)] == shown
+    # The frame shown is the test's; the plugin's own is hidden (__tracebackhide__).
+    assert '>       dcp_invariant.check("pkg.mod:make_app")' in lines
+    assert not [line for line in lines if "pytest_plugin.py" in line or "raise Assert" in line]
+
+
+def test_a_users_bad_input_fails_with_one_line_and_no_traceback(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_user="""
+        def test_resume(dcp_invariant):
+            dcp_invariant.check("pkg.mod:make_app", world_sizes="12")
+        """
+    )
+    result = run_user_tests(pytester)
+    result.assert_outcomes(failed=1)
+    lines = result.outlines
+    header = next(i for i, line in enumerate(lines) if "test_resume" in line and "___" in line)
+    end = next(i for i, line in enumerate(lines) if "short test summary info" in line)
+    failure = [line for line in lines[header + 1 : end] if line.strip()]
+    assert failure == ["dcp-invariant: bad input: world sizes '12': give integers, e.g. (1, 2)"], (
+        failure
+    )
+    assert (pytester.path / "basetemp").is_dir()
+    assert not list((pytester.path / "basetemp").rglob("dcp-invariant-*"))  # nothing written
