@@ -269,6 +269,7 @@ DCP_POINTS = [
 
 # DCP warns that it runs without a process group, which is the point here.
 @pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("phase", "operation", "mode"),
     DCP_POINTS,

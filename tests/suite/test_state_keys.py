@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 from dcp_invariant.suite import state_keys  # noqa: E402 (needs torch, which may be absent)
 from dcp_invariant.suite.digest import value_digest  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 # --- flatten: a leaf per dotted path ----------------------------------------------------------
 
 

@@ -15,6 +15,8 @@ from dcp_invariant.evidence import observation
 from dcp_invariant.plan import LOAD_FAILURES
 from dcp_invariant.suite.scenarios.tasks import load_failure
 
+pytestmark = pytest.mark.torch
+
 
 def refused(failures: dict[int, BaseException]) -> CheckpointException:
     """What DCP raises on every rank: each rank's own exception with its stack."""
