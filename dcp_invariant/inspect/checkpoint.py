@@ -9,6 +9,7 @@ It proves the checkpoint is complete and consistent, not that its values are rig
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from dcp_invariant import canonical
@@ -50,14 +51,20 @@ def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Rep
     # One budget for reading .metadata and checking what it holds: both follow the references.
     budget = Budget()
     try:
-        meta = metadata.read(directory / metadata.METADATA_FILE, budget=budget)
-        found = storage.check_items(meta)
-        if meta.storage_data is not None:
-            found += storage.check_files(meta.storage_data, entries)
-        for key, item in meta.state_dict_metadata.items():
-            if isinstance(item, records.TensorStorageMetadata):
-                found += tiling.check(key, item.size, item.chunks, budget)
-        planned = None if world_size is None else estimate.estimate(meta, world_size, budget)
+        with metadata.collector_paused():
+            meta = metadata.read(directory / metadata.METADATA_FILE, budget=budget)
+            found = storage.check_items(meta)
+            if meta.storage_data is not None:
+                found += storage.check_files(meta.storage_data, entries)
+            found += tiling.check_all(
+                (
+                    (key, item.size, item.chunks)
+                    for key, item in meta.state_dict_metadata.items()
+                    if isinstance(item, records.TensorStorageMetadata)
+                ),
+                budget,
+            )
+            planned = None if world_size is None else estimate.estimate(meta, world_size, budget)
     except MetadataProblem as exc:
         problems[0:0] = [Problem(exc.cause, reason) for reason in exc.reasons()]
         return _with(report, problems)
@@ -80,15 +87,15 @@ def _with(report: Report, problems: list[Problem]) -> Report:
 def _contents(meta: records.Metadata, entries: dict[str, storage.Entry]) -> Contents:
     items = meta.state_dict_metadata.values()
     tensors = [i for i in items if isinstance(i, records.TensorStorageMetadata)]
-    infos = list((meta.storage_data or {}).values())
-    names = sorted({info.relative_path for info in infos})
+    rows = records.StorageData.of(meta.storage_data or {})
+    names = sorted(set(rows.paths()))
     sizes = tuple((name, entries[name].size if name in entries else None) for name in names)
     return Contents(
         keys=len(meta.state_dict_metadata),
         tensors=len(tensors),
         byte_items=len(meta.state_dict_metadata) - len(tensors),
         chunks=sum(len(t.chunks) for t in tensors),
-        stored_bytes=sum(max(0, info.length) for info in infos),
+        stored_bytes=sum(map(max, itertools.repeat(0), rows.lengths())),
         files=sizes,
         version=meta.version,
     )
