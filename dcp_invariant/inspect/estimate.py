@@ -88,6 +88,7 @@ def _row_shares(size: int, rows: int, world_size: int) -> list[int]:
 
 def _stored_bytes(metadata: records.Metadata) -> Mapping[str, int]:
     totals: dict[str, int] = {}
-    for index, info in (metadata.storage_data or {}).items():
-        totals[index.fqn] = totals.get(index.fqn, 0) + max(0, info.length)
+    rows = records.StorageData.of(metadata.storage_data or {})
+    for fqn, length in zip(rows.fqns(), rows.lengths(), strict=True):
+        totals[fqn] = totals.get(fqn, 0) + max(0, length)
     return totals

@@ -14,12 +14,21 @@ and each tensor's element count, and its byte count, fit int64 too (aten's
 ``computeStorageNbytesContiguous`` refuses to make a tensor otherwise). Anything else is a
 ``bad value`` naming the key. Every chunk, dimension and entry is counted against the file's
 work budget (:mod:`.budget`) each time a memo reference names it, before it is converted.
+
+The chunks and entries the interpreter's templates read come with their records made (the
+same checks, done there once): a run of them is taken whole, its work counted at once, and
+``storage_data`` is kept as rows (:class:`records.StorageData`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import itertools
+import operator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from dcp_invariant import regular_file
 from dcp_invariant.inspect import admitted, records, tiling, unpickler
@@ -31,9 +40,7 @@ METADATA_FILE: Final = ".metadata"
 # A .metadata is read whole; larger than this, it is refused unread. DCP's grows by a few hundred
 # bytes per chunk: 512 MiB is millions of chunks.
 MAX_METADATA_BYTES: Final = 512 << 20
-# torch.Size, the offsets of a chunk and _StorageInfo's offset and length are int64 in torch
-# (c10's IntArrayRef; FileSystemReader seeks and reads them as file positions): none is negative.
-INT64_MAX: Final = (1 << 63) - 1
+INT64_MAX: Final = records.INT64_MAX
 _U64_MAX: Final = (1 << 64) - 1
 # Bad values named one by one; the rest are counted.
 MAX_LISTED_VALUES: Final = 8
@@ -71,13 +78,34 @@ def parse(data: bytes, budget: Budget | None = None) -> records.Metadata:
         budget = Budget()
     budget.for_bytes(len(data))
     converter = _Converter(budget)
-    meta = converter.metadata(unpickler.load(data, budget))
+    with collector_paused():
+        meta = converter.metadata(unpickler.load(data, budget))
     if converter.bad:
         found = converter.bad
         if converter.unlisted:
             found[-1] += f" (and {converter.unlisted} more bad values)"
         raise BadValues(tuple(found))
     return meta
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off, while millions of objects are made and kept.
+
+    Each of its full passes visits every live object, and it makes one each time the objects
+    grow by a quarter: on a million chunks that was more time than the reading itself. Nothing
+    is lost: what is read here is all kept until it is returned, and a cycle a file makes and
+    drops (a list that holds itself, popped) is at most a few objects for each of its bytes,
+    collected once the pass is back on.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class _Converter:
@@ -136,11 +164,28 @@ class _Converter:
         properties = self.properties(_require(fields, "properties", where), f"{where}.properties")
         size = self.shape(_require(fields, "size", where), where, ".size")
         self.fits(size, properties.dtype, where)
-        return records.TensorStorageMetadata(
-            properties=properties,
-            size=size,
-            chunks=tuple([self.chunk(chunk, where, i) for i, chunk in enumerate(chunks)]),
-        )
+        made: list[records.ChunkStorageMetadata] = []
+        read = _records(chunks)
+        for start, stop, by_template in _runs(read, len(chunks)):
+            if by_template and read and self.take_read(made, _chunks_read(read[start:stop])):
+                continue
+            for i in range(start, stop):
+                made.append(self.chunk(chunks[i], where, i))
+        return records.TensorStorageMetadata(properties=properties, size=size, chunks=tuple(made))
+
+    def take_read(self, made: list[_T], found: tuple[list[_T], int] | None) -> bool:
+        """Add the records of a run a template read (:func:`_chunks_read`,
+        :func:`_entries_read`) to ``made``, spending their work, unless that passes the budget:
+        then each is read on its own, and what passes it says where."""
+        if found is None:
+            return False
+        records_found, work = found
+        budget = self.budget
+        if budget.limit >= 0 and budget.spent + work > budget.limit:
+            return False
+        budget.spent += work
+        made += records_found
+        return True
 
     def chunk(self, value: object, where: str, i: int) -> records.ChunkStorageMetadata:
         if type(value) is Instance and value.cls.record == "ChunkStorageMetadata":
@@ -165,13 +210,49 @@ class _Converter:
             sizes=self.shape(_require(fields, "sizes", at), at, ".sizes"),
         )
 
-    def storage_data(self, value: PickledDict) -> dict[records.MetadataIndex, records.StorageInfo]:
+    def storage_data(self, value: PickledDict) -> records.StorageData:
         self.spend(len(value.pairs), "storage_data")
-        out: dict[records.MetadataIndex, records.StorageInfo] = {}
-        for key, item in value.pairs:
-            index = self.index(key)
-            out[index] = self.storage_info(item, index)
-        return out
+        pairs = value.pairs
+        rows: list[records.StorageRow] = []
+        keys = list(map(operator.itemgetter(0), pairs))
+        values = list(map(operator.itemgetter(1), pairs))
+        read, read_values = _records(keys), _records(values)
+        for start, stop, by_template in _runs(read if read_values else None, len(pairs)):
+            if (
+                by_template
+                and read
+                and read_values
+                and self.take_read(
+                    rows,
+                    _entries_read(
+                        read[start:stop],
+                        read_values[start:stop],
+                        keys[start:stop],
+                        values[start:stop],
+                    ),
+                )
+            ):
+                continue
+            for key, item in pairs[start:stop]:
+                found = len(self.bad) + self.unlisted
+                index = self.index(key)
+                info = self.storage_info(item, index)
+                if len(self.bad) + self.unlisted > found:
+                    # A bad value, reported: the file is refused, and an offset that is not
+                    # ints (a list among them) cannot even be a key.
+                    continue
+                rows.append(
+                    (
+                        index.fqn,
+                        index.offset,
+                        index.index,
+                        info.relative_path,
+                        info.offset,
+                        info.length,
+                        info.transform_descriptors,
+                    )
+                )
+        return records.StorageData(rows)
 
     def index(self, value: object) -> records.MetadataIndex:
         fields = self.fields(value, "MetadataIndex", "a storage_data key")
@@ -358,6 +439,72 @@ class _Converter:
 
 
 _RANGE: Final = "torch and DCP hold it as an int64 from 0 to 2**63 - 1"
+_RECORD: Final = operator.attrgetter("record")
+_OFFSETS: Final = operator.attrgetter("offsets")
+_SIZES: Final = operator.attrgetter("sizes")
+
+
+def _records(values: list[object]) -> list[object] | None:
+    """The ``record`` of each of ``values`` (unpickler.Instance.record: what a template read,
+    while its state is deferred, so as the template read it; else None), or None if they are
+    not all Instances."""
+    if set(map(type, values)) != {Instance}:
+        return None
+    return list(map(_RECORD, values))
+
+
+def _runs(made: list[object] | None, count: int) -> Iterator[tuple[int, int, bool]]:
+    """The runs of records a template read (``made``, from :func:`_records`), and of the
+    others: (start, stop, read by a template). A real file's are nearly all read
+    by one, each list of chunks and each batch of entries beginning with one read opcode by
+    opcode (and one here and there, where a FRAME begins)."""
+    if made is None:
+        yield 0, count, False
+        return
+    # Where the Nones are (``is``: list.index(None) would call each record's __eq__).
+    others = list(map(operator.is_, made, itertools.repeat(None)))
+    start = 0
+    while start < count:
+        other = others[start]
+        try:
+            stop = others.index(not other, start)
+        except ValueError:
+            stop = count
+        yield start, stop, not other
+        start = stop
+
+
+# A run of a tensor's chunks, or of storage_data's entries, that a template read: their
+# records, and the work chunk(), or index() and storage_info(), counts for them, found by map()
+# over the run, at C speed; None if they are not what the template makes of one.
+
+
+def _chunks_read(made: list[object]) -> tuple[list[records.ChunkStorageMetadata], int] | None:
+    if set(map(type, made)) != {records.ChunkStorageMetadata}:
+        return None
+    chunks = cast(list[records.ChunkStorageMetadata], made)
+    # chunk(): the chunk and its two fields, then each dimension.
+    dims = sum(map(len, map(_OFFSETS, chunks))) + sum(map(len, map(_SIZES, chunks)))
+    return chunks, 3 * len(chunks) + dims
+
+
+def _entries_read(
+    rows: list[object], value_rows: list[object], keys: list[object], values: list[object]
+) -> tuple[list[records.StorageRow], int] | None:
+    # Each key's row is its value's, the two different Instances: the template gave a key and
+    # its value the one row.
+    if (
+        set(map(type, rows)) != {tuple}
+        or not all(map(operator.is_, rows, value_rows))
+        or any(map(operator.is_, keys, values))
+    ):
+        return None
+    entries = cast(list[records.StorageRow], rows)
+    # index(): the key's fields (fqn, index, and offset when there is one) and the offset's
+    # dimensions; storage_info(): the value's three fields.
+    offsets = list(map(operator.itemgetter(1), entries))
+    dims = sum(map(len, filter(None, offsets)))
+    return entries, 6 * len(entries) - offsets.count(None) + dims
 
 
 class _Key:

@@ -21,9 +21,10 @@ what is wrong.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -51,10 +52,40 @@ class Box(Protocol):
     def sizes(self) -> Shape: ...
 
 
+_OFFSETS: Final = operator.attrgetter("offsets")
+_SIZES: Final = operator.attrgetter("sizes")
+
+
 @dataclass(frozen=True)
 class Chunk:
     offsets: Shape
     sizes: Shape
+
+
+def check_all(
+    tensors: Iterable[tuple[str, Shape, Sequence[Box]]], budget: Budget | None = None
+) -> list[Problem]:
+    """:func:`check` of each (name, shape, chunks), in order.
+
+    The tensors of one shape of a model are sharded alike: a layout found to tile with no work
+    counted is not checked again, its verdict found by its values (a lookup, which compares the
+    chunks' offsets and sizes, most of them one tuple each that the unpickler shares).
+    """
+    budget = Budget() if budget is None else budget
+    problems: list[Problem] = []
+    tiled: set[tuple[Shape, tuple[Shape, ...], tuple[Shape, ...]]] = set()
+    for name, shape, chunks in tensors:
+        offsets = tuple(map(_OFFSETS, chunks))
+        sizes = tuple(map(_SIZES, chunks))
+        layout = (shape, offsets, sizes)
+        if layout in tiled:
+            continue
+        spent = budget.spent
+        found = _check(name, shape, chunks, offsets, sizes, budget)
+        if not found and budget.spent == spent:
+            tiled.add(layout)
+        problems += found
+    return problems
 
 
 def check(
@@ -66,21 +97,39 @@ def check(
     is bounded, but a file may hold many tensors.
     """
     budget = Budget() if budget is None else budget
+    return _check(
+        name, shape, chunks, tuple(map(_OFFSETS, chunks)), tuple(map(_SIZES, chunks)), budget
+    )
+
+
+def _check(
+    name: str,
+    shape: Shape,
+    chunks: Sequence[Box],
+    chunk_offsets: tuple[Shape, ...],
+    chunk_sizes: tuple[Shape, ...],
+    budget: Budget,
+) -> list[Problem]:
     if any(d < 0 for d in shape):
         return [Problem("bad chunk", f"{name}: the global shape {shown(shape)} is negative")]
-    bad = _bad_chunks(name, shape, chunks)
-    if bad:
-        return bad
+    # A tensor may have thousands of chunks, a checkpoint millions: what is checked of every
+    # chunk is checked a dimension at a time, on columns of them (min, max, count and map over
+    # a tuple run at C speed), and chunk by chunk only to say what is wrong.
+    columns = _columns(shape, chunk_offsets, chunk_sizes)
+    if columns is None:
+        return _bad_chunks(name, shape, chunks)
+    starts, spans = columns
     total = math.prod(shape)
     # A dimension every chunk spans whole cannot hold a gap or an overlap of its own.
+    count = len(chunks)
     kept = [
         i
         for i, extent in enumerate(shape)
-        if any(c.offsets[i] != 0 or c.sizes[i] != extent for c in chunks)
+        if starts[i].count(0) != count or spans[i].count(extent) != count
     ]
     if total == 0:
         return []  # every chunk inside an empty shape is empty
-    if len(kept) == 1 and _spans_tile(chunks, kept[0], shape[kept[0]]):
+    if len(kept) == 1 and _spans_tile(starts[kept[0]], spans, chunk_sizes, kept[0], shape[kept[0]]):
         return []
     boxes = [
         ([c.offsets[i] for i in kept], [c.sizes[i] for i in kept])
@@ -134,17 +183,54 @@ def check(
     return problems
 
 
-def _spans_tile(chunks: Sequence[Box], dim: int, extent: int) -> bool:
+def _spans_tile(
+    lows: tuple[int, ...],
+    spans: list[tuple[int, ...]],
+    sizes: Sequence[Shape],
+    dim: int,
+    extent: int,
+) -> bool:
     """Sharded along ``dim`` alone (FSDP's dim 0), the chunks tile the shape when their spans
     along it, sorted, follow one another from 0 to ``extent``: the corner count's verdict, for
-    a sort. False sends the chunks to the corner count, which names what is wrong."""
-    spans = sorted((c.offsets[dim], c.offsets[dim] + c.sizes[dim]) for c in chunks if all(c.sizes))
-    at = 0
-    for low, high in spans:
-        if low != at:
-            return False
-        at = high
-    return at == extent
+    a sort. False sends the chunks to the corner count, which names what is wrong.
+
+    ``lows`` are the chunks' offsets along ``dim``, ``spans`` their sizes along each dimension
+    (``sizes`` chunk by chunk)."""
+    starts = list(lows)
+    ends = list(map(operator.add, lows, spans[dim]))
+    if any(0 in column for column in spans):  # an empty chunk covers nothing
+        covering = list(map(all, sizes))
+        starts = list(itertools.compress(starts, covering))
+        ends = list(itertools.compress(ends, covering))
+    if not starts:
+        return extent == 0
+    if not all(map(operator.le, starts, itertools.islice(starts, 1, None))):
+        # Out of order: sorted by where they start (and, for two that start together, end;
+        # those do not tile either way).
+        ordered = sorted(zip(starts, ends, strict=True))
+        starts = list(map(operator.itemgetter(0), ordered))
+        ends = list(map(operator.itemgetter(1), ordered))
+    # Each span starts where the one before ended: the first at 0, the last ending at extent.
+    return starts[0] == 0 and starts[1:] == ends[:-1] and ends[-1] == extent
+
+
+def _columns(
+    shape: Shape, offsets: Sequence[Shape], sizes: Sequence[Shape]
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]] | None:
+    """The chunks' offsets and sizes a dimension at a time, if :func:`_bad_chunks` finds
+    nothing (every chunk of the shape's rank, nothing negative, nothing past the shape);
+    otherwise None, and it says what."""
+    rank = len(shape)
+    if set(map(len, offsets)) - {rank} or set(map(len, sizes)) - {rank}:
+        return None
+    if not offsets:
+        return [()] * rank, [()] * rank
+    starts = list(zip(*offsets, strict=True))
+    spans = list(zip(*sizes, strict=True))
+    for low, span, extent in zip(starts, spans, shape, strict=True):
+        if min(low) < 0 or min(span) < 0 or max(map(operator.add, low, span)) > extent:
+            return None
+    return starts, spans
 
 
 def _witnesses(

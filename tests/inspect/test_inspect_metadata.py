@@ -460,3 +460,17 @@ def test_a_storage_key_offset_and_strides_out_of_int64_are_bad_values() -> None:
         "storage_data['plain.f32'] key offset[1] is an integer of 2001 bits: torch and DCP hold "
         "it as an int64 from 0 to 2**63 - 1",
     }
+
+
+def test_a_storage_key_offset_of_a_list_is_a_bad_value_not_a_crash() -> None:
+    """An offset pickled as a plain tuple (no torch.Size) holding a list: a bad value, and never
+    hashed as a key (a list cannot be)."""
+    data = dumps(parsed(2))
+    size = b"\x8c\x06offset\x8c\x05torch\x8c\x04Size\x93K\x00K\x00\x86\x85R"
+    assert size in data
+    with pytest.raises(BadValues) as caught:
+        metadata.parse(data.replace(size, b"\x8c\x06offset]K\x00\x86", 1))
+    assert caught.value.reasons() == (
+        "storage_data['model.0.weight'] key offset[0] is a list, not an integer: torch and DCP "
+        "hold it as an int64 from 0 to 2**63 - 1",
+    )

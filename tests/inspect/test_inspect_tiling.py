@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp_invariant.inspect import tiling
+from dcp_invariant.inspect.budget import Budget
 from dcp_invariant.inspect.tiling import Chunk
 
 
@@ -110,6 +111,31 @@ def test_a_hundred_thousand_chunks_are_checked_fast() -> None:
     chunks[500] = Chunk((501, 0), (1, 64))
     assert sorted(causes((100_000, 64), chunks)) == ["gap", "overlap"]
     assert time.perf_counter() - started < 10
+
+
+def test_check_all_is_check_of_each_tensor_and_counts_the_same_work() -> None:
+    """A layout seen again is found by its values: the verdicts and the work are each tensor's
+    own, problems and 2-D grids (whose corners are work) included."""
+    good = fsdp_chunks(10, 4, 4)
+    gap = good[:-1]
+    grid = [Chunk((r, c), (3, 2)) for r in (0, 3) for c in (0, 2)]
+    tensors = [
+        ("a", (10, 4), good),
+        ("b", (10, 4), list(good)),  # equal chunks, other objects
+        ("c", (10, 4), gap),
+        ("d", (10, 4), list(gap)),
+        ("e", (6, 4), grid),
+        ("f", (6, 4), list(grid)),
+        ("g", (10, 5), good),  # the same chunks, another shape
+    ]
+    one_by_one = Budget()
+    expected = [
+        p for name, shape, chunks in tensors for p in tiling.check(name, shape, chunks, one_by_one)
+    ]
+    budget = Budget()
+    assert tiling.check_all(tensors, budget) == expected
+    assert budget.spent == one_by_one.spent > 0
+    assert {p.detail.split(":")[0] for p in expected} == {"c", "d", "g"}
 
 
 # --- against a brute-force count of every element ------------------------------------------

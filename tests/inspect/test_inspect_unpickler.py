@@ -315,11 +315,19 @@ def test_bytes_below_protocol_3_are_a_call_and_refused() -> None:
 
 def _graph(value: object) -> object:
     """A value as nested plain tuples, shared and cyclic references numbered: two loads are
-    equal when their graphs are."""
+    equal when their graphs are. A tuple of plain values is compared by value alone: a
+    template (unpickler._Templates) gives the equal torch.Size arguments of a file one tuple,
+    where the opcodes make one each, and a tuple never changes, so which one it is cannot
+    change what is read."""
     seen: dict[int, int] = {}
 
+    def plain(v: object) -> bool:
+        if isinstance(v, tuple):
+            return all(plain(item) for item in v)
+        return not isinstance(v, (Instance, PickledDict, list))
+
     def walk(v: object) -> object:
-        if isinstance(v, (Instance, PickledDict, list, tuple)):
+        if isinstance(v, (Instance, PickledDict, list, tuple)) and not plain(v):
             if id(v) in seen:
                 return ("ref", seen[id(v)])
             seen[id(v)] = len(seen)
