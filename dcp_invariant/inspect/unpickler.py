@@ -32,6 +32,7 @@ import operator
 import pickletools
 import re
 import struct
+import threading
 from collections.abc import Callable
 from typing import Final, TypeGuard, cast
 
@@ -689,6 +690,7 @@ _ENTRY_FIELDS: Final = {
 # Compiled templates, by their memo references: a real file makes one for its chunks and one or
 # two for its entries; a file may make a few more, never many.
 _COMPILED: Final[dict[tuple[object, ...], re.Pattern[bytes]]] = {}
+_COMPILED_LOCK: Final = threading.Lock()
 _MAX_COMPILED: Final = 64
 _MAX_COMPILES_A_FILE: Final = 8
 _MAX_CACHED: Final = 1 << 16  # decoded torch.Size arguments and chunk records kept, each
@@ -876,9 +878,12 @@ class _Templates:
                 ),
                 re.DOTALL,
             )
-            if len(_COMPILED) >= _MAX_COMPILED:  # the oldest one goes (a learner is recompiled)
-                del _COMPILED[next(iter(_COMPILED))]
-            _COMPILED[key] = pattern
+            # One cache for every thread a caller reads files in: evicted and added under a lock,
+            # so two evictions never race for one key (a KeyError would escape load()).
+            with _COMPILED_LOCK:
+                while len(_COMPILED) >= _MAX_COMPILED:  # the oldest go (a learner is recompiled)
+                    del _COMPILED[next(iter(_COMPILED))]
+                _COMPILED[key] = pattern
         return pattern
 
     def size(self, raw: bytes) -> _Size:
