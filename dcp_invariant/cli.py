@@ -299,7 +299,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from dcp_invariant.inspect import checkpoint
+    from dcp_invariant.inspection import checkpoint
 
     world_size = args.world_size
     if world_size is not None:

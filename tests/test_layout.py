@@ -49,7 +49,7 @@ def test_inspect_needs_neither_the_suite_nor_the_evidence_side() -> None:
     # `inspect` reads a checkpoint torch-free: the commit protocol's receipts, nothing else.
     elsewhere = ("dcp_invariant.suite", "dcp_invariant.evidence")
     for name, targets in _imports().items():
-        if name.startswith("dcp_invariant.inspect"):
+        if name.startswith("dcp_invariant.inspection"):
             assert not [t for t in targets if t.startswith(elsewhere)], name
 
 

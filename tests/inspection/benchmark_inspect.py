@@ -1,20 +1,20 @@
 """How long ``dcp-invariant inspect`` takes on the checkpoints docs/inspect.md names: a benchmark,
 not a test (the figures depend on the machine).
 
-    python tests/inspect/benchmark_inspect.py bomb OUT
+    python tests/inspection/benchmark_inspect.py bomb OUT
         the memo bomb: one chunk of 100,000 dimensions named 30,000 times (262 KB), torch-free
-    python tests/inspect/benchmark_inspect.py chunks OUT [--tensors 1000] [--world-size 1000]
+    python tests/inspection/benchmark_inspect.py chunks OUT [--tensors 1000] [--world-size 1000]
         a checkpoint of TENSORS (8000, 1024) float32 parameters saved by WORLD_SIZE FSDP2 ranks:
         TENSORS * WORLD_SIZE chunks. Needs torch: its .metadata is what DCP's own global planner
         (``create_default_global_save_plan``) and ``FileSystemWriter.finish`` write from the
         ranks' plans, each carried through pickle as ``gather_object`` carries it; built in one
         process. Each shard is a sparse file of its size (inspect reads sizes only).
-    python tests/inspect/benchmark_inspect.py time DIR [DIR ...] [--repeat 3]
+    python tests/inspection/benchmark_inspect.py time DIR [DIR ...] [--repeat 3]
         ``python -m dcp_invariant inspect DIR`` in a fresh interpreter: the best wall and CPU
         seconds of REPEAT runs, its exit code and its peak memory. Set PYTHONPATH to time
         another copy of the package.
 
-The 1 GiB checkpoint at world size 4: ``python tests/inspect/dcp_writer.py OUT --world-size 4
+The 1 GiB checkpoint at world size 4: ``python tests/inspection/dcp_writer.py OUT --world-size 4
 --mib 1024``, then ``time OUT``.
 """
 

@@ -15,8 +15,8 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dcp_invariant.inspect import records
-from dcp_invariant.inspect.budget import Budget
+from dcp_invariant.inspection import records
+from dcp_invariant.inspection.budget import Budget
 
 NOTE = (
     "an estimate: sharded tensors split along dim 0 as FSDP2 does, every other key read whole "

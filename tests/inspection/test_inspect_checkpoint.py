@@ -26,9 +26,9 @@ from inspect_data import (
 from metadata_pickler import memo_bomb
 
 from dcp_invariant import canonical
-from dcp_invariant.inspect import inspect_checkpoint, metadata, records
-from dcp_invariant.inspect.errors import NotACheckpoint
-from dcp_invariant.inspect.problems import Cause
+from dcp_invariant.inspection import inspect_checkpoint, metadata, records
+from dcp_invariant.inspection.errors import NotACheckpoint
+from dcp_invariant.inspection.problems import Cause
 
 
 def said(directory: Path) -> list[str]:

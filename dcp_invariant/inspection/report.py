@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dcp_invariant import canonical
-from dcp_invariant.inspect import estimate, tiling
-from dcp_invariant.inspect.generation import ReceiptCheck
-from dcp_invariant.inspect.problems import Problem
+from dcp_invariant.inspection import estimate, tiling
+from dcp_invariant.inspection.generation import ReceiptCheck
+from dcp_invariant.inspection.problems import Problem
 
 SCHEMA: Final = "dcp-invariant/inspect/1"
 # Keys the summary names of those every rank reads; --json lists them all.

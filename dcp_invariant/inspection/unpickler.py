@@ -36,9 +36,9 @@ import threading
 from collections.abc import Callable
 from typing import Final, TypeGuard, cast
 
-from dcp_invariant.inspect import admitted, records
-from dcp_invariant.inspect.budget import Budget
-from dcp_invariant.inspect.errors import MalformedMetadata, MetadataTooLarge, RefusedPickle
+from dcp_invariant.inspection import admitted, records
+from dcp_invariant.inspection.budget import Budget
+from dcp_invariant.inspection.errors import MalformedMetadata, MetadataTooLarge, RefusedPickle
 
 HIGHEST_PROTOCOL: Final = 5
 # A text integer (protocol 0's INT, LONG, GET, PUT) longer than this is refused unconverted.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dcp_invariant.errors import BadInput
-from dcp_invariant.inspect.problems import Cause
+from dcp_invariant.inspection.problems import Cause
 
 
 class NotACheckpoint(BadInput):

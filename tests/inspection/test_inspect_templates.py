@@ -16,10 +16,10 @@ from genuine_pickler import dumps
 from inspect_data import WORLD_SIZES, metadata_bytes
 from test_inspect_unpickler import _graph
 
-from dcp_invariant.inspect import metadata, records, unpickler
-from dcp_invariant.inspect.budget import Budget
-from dcp_invariant.inspect.errors import MetadataProblem
-from dcp_invariant.inspect.unpickler import Instance, PickledDict
+from dcp_invariant.inspection import metadata, records, unpickler
+from dcp_invariant.inspection.budget import Budget
+from dcp_invariant.inspection.errors import MetadataProblem
+from dcp_invariant.inspection.unpickler import Instance, PickledDict
 
 # Genuine files: the checked-in saves of torch, and pickle.dump's own output of torch's objects
 # (genuine_pickler): runs of chunks and entries long and short, LONG_BINGET references, LONG1

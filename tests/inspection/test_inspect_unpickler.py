@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from inspect_data import metadata_bytes
 
-from dcp_invariant.inspect import unpickler
-from dcp_invariant.inspect.budget import Budget
-from dcp_invariant.inspect.errors import MalformedMetadata, MetadataTooLarge, RefusedPickle
-from dcp_invariant.inspect.unpickler import Instance, PickledDict
+from dcp_invariant.inspection import unpickler
+from dcp_invariant.inspection.budget import Budget
+from dcp_invariant.inspection.errors import MalformedMetadata, MetadataTooLarge, RefusedPickle
+from dcp_invariant.inspection.unpickler import Instance, PickledDict
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 

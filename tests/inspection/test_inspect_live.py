@@ -16,8 +16,8 @@ import pytest
 from dcp_writer import TEST_DATA, data_file_name, write_checkpoint
 from metadata_pickler import dumps
 
-from dcp_invariant.inspect import inspect_checkpoint, metadata, records
-from dcp_invariant.inspect.errors import MetadataProblem
+from dcp_invariant.inspection import inspect_checkpoint, metadata, records
+from dcp_invariant.inspection.errors import MetadataProblem
 
 pytestmark = pytest.mark.live
 

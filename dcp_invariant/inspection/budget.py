@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from dcp_invariant.inspect.errors import MetadataTooLarge
+from dcp_invariant.inspection.errors import MetadataTooLarge
 
 # Units of work (a chunk, a dimension, an entry...) allowed per byte of .metadata. Whatever DCP
 # writes costs bytes for each unit: a dimension is an integer opcode of at least two bytes, a

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from inspect_data import parsed, tensor
 
-from dcp_invariant.inspect import estimate, records
-from dcp_invariant.inspect.budget import Budget
-from dcp_invariant.inspect.errors import MetadataTooLarge
+from dcp_invariant.inspection import estimate, records
+from dcp_invariant.inspection.budget import Budget
+from dcp_invariant.inspection.errors import MetadataTooLarge
 
 
 def stored(meta: records.Metadata, key: str) -> int:

@@ -18,7 +18,7 @@ import pickle
 from pathlib import PurePosixPath
 from typing import Any
 
-from dcp_invariant.inspect.admitted import DCP_FILESYSTEM, DCP_METADATA
+from dcp_invariant.inspection.admitted import DCP_FILESYSTEM, DCP_METADATA
 
 # Where each stand-in, or stand-in class, is written as a global (module, name).
 _GLOBALS: dict[int, tuple[str, str]] = {}

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from dcp_invariant.inspect.budget import Budget
-from dcp_invariant.inspect.problems import Problem
-from dcp_invariant.inspect.records import Shape
+from dcp_invariant.inspection.budget import Budget
+from dcp_invariant.inspection.problems import Problem
+from dcp_invariant.inspection.records import Shape
 
 # Corner updates one tensor may cost (chunks * 2**sharded dimensions); past it, the tensor is
 # reported unchecked. Real checkpoints shard a tensor along at most three dimensions: a million

@@ -14,7 +14,7 @@ from inspect_data import edited, make_checkpoint, tensor
 from metadata_pickler import memo_bomb
 
 from dcp_invariant import canonical, cli
-from dcp_invariant.inspect import records
+from dcp_invariant.inspection import records
 
 SUBPROCESS_TIMEOUT = 120
 
@@ -148,7 +148,7 @@ def test_inspect_loads_no_torch_and_only_the_standard_library(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout.splitlines()[-1])
     assert outcome["rc"] == 0  # inspect really ran and passed, so the empty list means something
-    assert "dcp_invariant.inspect.unpickler" in outcome["ours"]
+    assert "dcp_invariant.inspection.unpickler" in outcome["ours"]
     assert outcome["third_party"] == []
     assert not [m for m in outcome["ours"] if m.startswith("dcp_invariant.suite")]
 

@@ -12,10 +12,10 @@ from inspect_data import WORLD_SIZES, metadata_bytes, parsed, tensor, with_chunk
 from metadata_pickler import Writer, dumps, memo_bomb
 
 from dcp_invariant import regular_file
-from dcp_invariant.inspect import metadata, records, unpickler
-from dcp_invariant.inspect.admitted import DCP_METADATA
-from dcp_invariant.inspect.budget import MIN_UNITS, UNITS_PER_BYTE, Budget
-from dcp_invariant.inspect.errors import BadValues, MalformedMetadata, MetadataTooLarge
+from dcp_invariant.inspection import metadata, records, unpickler
+from dcp_invariant.inspection.admitted import DCP_METADATA
+from dcp_invariant.inspection.budget import MIN_UNITS, UNITS_PER_BYTE, Budget
+from dcp_invariant.inspection.errors import BadValues, MalformedMetadata, MetadataTooLarge
 
 FLOAT32 = records.TensorProperties(
     records.DType("float32"), records.Layout("strided"), False, "contiguous_format", False
@@ -25,7 +25,7 @@ FLOAT32 = records.TensorProperties(
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_a_real_metadata_reads_as_what_dcp_saved(world_size: int) -> None:
     meta = parsed(world_size)
-    # tests/inspect/dcp_writer.py saves 42 keys: the model, Adam's state, plain tensors, extras.
+    # tests/inspection/dcp_writer.py saves 42 keys: the model, Adam's state, plain tensors, extras.
     assert len(meta.state_dict_metadata) == 42
     assert meta.version == "1.0.0"
     assert meta.storage_kind == "FileSystemWriter"

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp_invariant.inspect import tiling
-from dcp_invariant.inspect.budget import Budget
-from dcp_invariant.inspect.tiling import Chunk
+from dcp_invariant.inspection import tiling
+from dcp_invariant.inspection.budget import Budget
+from dcp_invariant.inspection.tiling import Chunk
 
 
 def causes(shape: tuple[int, ...], chunks: list[Chunk]) -> list[str]:

@@ -1,4 +1,4 @@
-"""A minimal pickler of :mod:`dcp_invariant.inspect.records`, writing what DCP writes, torch-free.
+"""A minimal pickler of :mod:`dcp_invariant.inspection.records`, writing what DCP writes, torch-free.
 
 Edited metadata for the tests: parse a real ``.metadata``, change the records, pickle them back.
 Each record is written the way ``pickle.dump`` writes torch's class (measured from torch
@@ -16,8 +16,8 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from dcp_invariant.inspect import records
-from dcp_invariant.inspect.admitted import DCP_FILESYSTEM, DCP_METADATA
+from dcp_invariant.inspection import records
+from dcp_invariant.inspection.admitted import DCP_FILESYSTEM, DCP_METADATA
 
 _FORMAT_CODES = {name: code for code, name in enumerate(records.MEMORY_FORMATS)}
 

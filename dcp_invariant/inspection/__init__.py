@@ -1,7 +1,7 @@
 """``dcp-invariant inspect DIR``: check a DCP checkpoint directory without torch and without
 running its pickle. Standard library only; imports nothing from the torch-running suite."""
 
-from dcp_invariant.inspect.checkpoint import inspect_checkpoint
-from dcp_invariant.inspect.report import Report
+from dcp_invariant.inspection.checkpoint import inspect_checkpoint
+from dcp_invariant.inspection.report import Report
 
 __all__ = ["Report", "inspect_checkpoint"]

@@ -10,7 +10,7 @@ import pytest
 from inspect_data import make_checkpoint
 
 from dcp_invariant.commit import CheckpointStore
-from dcp_invariant.inspect import generation, inspect_checkpoint
+from dcp_invariant.inspection import generation, inspect_checkpoint
 
 
 def promoted(tmp_path: Path) -> Path:

@@ -19,7 +19,7 @@ from dcp_invariant import canonical, regular_file
 from dcp_invariant.commit import durable, receipt
 from dcp_invariant.commit.errors import ReceiptError
 from dcp_invariant.commit.store import RECEIPT_SUFFIX
-from dcp_invariant.inspect.problems import Problem
+from dcp_invariant.inspection.problems import Problem
 from dcp_invariant.plan import FailureReason
 
 Kind = Literal["generation", "candidate"]

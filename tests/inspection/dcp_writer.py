@@ -1,6 +1,6 @@
 """Real ``torch.distributed.checkpoint.save`` checkpoints for the inspect tests and test data.
 
-``python tests/inspect/dcp_writer.py OUT --world-size W`` writes one checkpoint into ``OUT``
+``python tests/inspection/dcp_writer.py OUT --world-size W`` writes one checkpoint into ``OUT``
 (which must not exist) from W processes under Gloo on loopback. Each rank is its own
 interpreter started with a timeout and reaped (:func:`write_checkpoint`); rendezvous goes
 through a ``FileStore``, so no port is ever chosen.
@@ -13,7 +13,7 @@ not divide by W, and the optimizer's replicated ``step`` tensors).
 
 ``--mib N`` adds an FSDP2 parameter of about N MiB (for the size measurement).
 
-``python tests/inspect/dcp_writer.py --test-data`` regenerates tests/data/metadata/: the
+``python tests/inspection/dcp_writer.py --test-data`` regenerates tests/data/metadata/: the
 ``.metadata`` of a save at world sizes 1, 2 and 4, each written as ``checkpoint`` relative to a
 temporary directory, so the pickle's ``checkpoint_id`` names no path of this machine.
 """

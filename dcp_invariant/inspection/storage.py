@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcp_invariant import canonical, regular_file
-from dcp_invariant.inspect import records, tiling
-from dcp_invariant.inspect.problems import Problem
+from dcp_invariant.inspection import records, tiling
+from dcp_invariant.inspection.problems import Problem
 
 # Items named per problem line; the rest are counted.
 _EXAMPLES = 2

@@ -13,11 +13,11 @@ import itertools
 from pathlib import Path
 
 from dcp_invariant import canonical
-from dcp_invariant.inspect import estimate, generation, metadata, records, storage, tiling
-from dcp_invariant.inspect.budget import Budget
-from dcp_invariant.inspect.errors import BadWorldSize, MetadataProblem, NotACheckpoint
-from dcp_invariant.inspect.problems import Problem
-from dcp_invariant.inspect.report import Contents, Report
+from dcp_invariant.inspection import estimate, generation, metadata, records, storage, tiling
+from dcp_invariant.inspection.budget import Budget
+from dcp_invariant.inspection.errors import BadWorldSize, MetadataProblem, NotACheckpoint
+from dcp_invariant.inspection.problems import Problem
+from dcp_invariant.inspection.report import Contents, Report
 
 MAX_WORLD_SIZE = 1 << 16
 _WROTE = "pass the directory dcp.save wrote (checkpoint_id)"
