@@ -144,17 +144,6 @@ def test_the_example_artifact_verifies_offline_and_records_every_key(
     assert loaded == [r["saved"] for r in obs["reference"]["ranks"]]
 
 
-def test_a_fixture_run_is_byte_identical_when_repeated(tmp_path: Path) -> None:
-    outs = []
-    for i in range(2):
-        out = tmp_path / f"run{i}"
-        proc = run_fixture("fixture_loops:correct", out)
-        assert proc.returncode == 0, proc.stderr
-        outs.append(out)
-    for rel in schema.artifact_files(plan.fixture_plan("fixture_loops:correct", (1,)).names):
-        assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
-
-
 # --- one buggy loop per cause; each diagnosis names the key or the cause ----------------------
 
 
