@@ -1,11 +1,12 @@
 """dcp-invariant: proves that PyTorch Distributed Checkpoint resumes are exact.
 
 ``dcp_invariant.check(fixture, ...)`` runs the checks from Python and returns a :class:`Report`;
-bad input raises :class:`BadInput`. Importing the package imports no torch.
+bad input raises :class:`BadInput`; every error it raises on purpose is an :class:`Error`.
+Importing the package imports no torch.
 """
 
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import BadInput, Error
 from dcp_invariant.python_api import Diagnosis, Report, ScenarioResult, check
 
 __version__ = "0.2.0"
-__all__ = ["BadInput", "Diagnosis", "Report", "ScenarioResult", "__version__", "check"]
+__all__ = ["BadInput", "Diagnosis", "Error", "Report", "ScenarioResult", "__version__", "check"]

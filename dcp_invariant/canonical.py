@@ -12,6 +12,8 @@ import json
 import re
 from typing import Any
 
+from dcp_invariant.errors import Error
+
 HEX64 = re.compile(r"[0-9a-f]{64}")  # a SHA-256 in the form every record uses
 # No record this tool writes nests deeper than a dozen levels or holds an integer of more than
 # 20 digits (a 64-bit size has at most 20).
@@ -23,7 +25,7 @@ MAX_DEPTH = 64
 MAX_INT_DIGITS = 20
 
 
-class CanonicalJSONError(ValueError):
+class CanonicalJSONError(Error, ValueError):
     """Bytes that are not one canonical JSON record."""
 
 

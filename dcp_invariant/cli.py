@@ -23,11 +23,7 @@ from dcp_invariant.evidence import schema
 if TYPE_CHECKING:
     from dcp_invariant.suite.runner import Finished
 
-from dcp_invariant.errors import EXIT_FAIL, EXIT_OK, BadInput
-
-
-class UsageError(BadInput):
-    """Bad input: exit 2 with this message."""
+from dcp_invariant.errors import EXIT_FAIL, EXIT_OK, BadInput, UsageError
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,8 +1,11 @@
-"""What the CLI's exit codes mean, and the one base every bad-input error derives from.
+"""What the CLI's exit codes mean, the one base of every error dcp-invariant raises on purpose,
+and every bad-input error a user can meet, from the CLI or from ``check()``.
 
 As cibuildwheel's ``errors.py`` does, an error carries its own exit code, so ``main()`` catches
-the base once instead of mapping each type by hand. Standard library only: the shared modules
-(plan, runtimes) and both sides of the package raise these.
+:class:`BadInput` once instead of mapping each type by hand. The commit protocol's and
+``inspect``'s findings keep modules of their own (:mod:`dcp_invariant.commit.errors`,
+:mod:`dcp_invariant.inspection.errors`), under the same :class:`Error`. Standard library only:
+the shared modules (plan, runtimes) and both sides of the package raise these.
 """
 
 from __future__ import annotations
@@ -14,10 +17,70 @@ EXIT_FAIL: Final = 1  # an invariant failed, or the artifact is invalid: every r
 EXIT_USAGE: Final = 2  # bad input: one line naming the problem and the fix; nothing written
 
 
-class BadInput(Exception):
+class Error(Exception):
+    """The base of every error dcp-invariant raises on purpose: ``except dcp_invariant.Error``
+    catches them all, and nothing else."""
+
+
+class BadInput(Error):
     """Input or an environment the run cannot start with. Its message is one line a user can
     act on: what is wrong and how to fix it. Raised before any expensive work."""
 
     exit_code: int = EXIT_USAGE
     # What ``--debug`` prints after the line (a broken installation's worker log, say).
     details: str = ""
+
+
+# --- bad input, by what is at fault ----------------------------------------------------------
+
+
+class UsageError(BadInput):
+    """A command line the CLI cannot run."""
+
+
+class CheckInputError(BadInput):
+    """An argument of :func:`dcp_invariant.check` (or a CLI flag) the run cannot start with."""
+
+
+class PlanError(BadInput, ValueError):
+    """A plan outside the grammar: the message names the value and what is allowed."""
+
+
+class FixtureProblem(BadInput, ValueError):
+    """The fixture does not follow the interface; the message says what to change."""
+
+
+class OutputDirError(BadInput):
+    """The output directory cannot take an artifact; the message says what to change."""
+
+
+class EnvironmentProblem(BadInput):
+    """The machine, not the checkpoint under test, is at fault."""
+
+
+class UnsupportedRuntime(BadInput):
+    """The installed torch is not one dcp-invariant has registered."""
+
+
+class StartMethodError(BadInput, ValueError):
+    """DCP_INVARIANT_START_METHOD names no usable start method."""
+
+
+class InJobError(BadInput):
+    """The job cannot run the checks as launched; the message says what to change."""
+
+
+class ArtifactNameError(BadInput, ValueError):
+    """An artifact name GitHub's upload would refuse."""
+
+
+class UseNumberError(BadInput, ValueError):
+    """``--use`` is not a count of the action's uses in the job (1 for the first)."""
+
+
+class NotACheckpoint(BadInput):
+    """``inspect DIR``: DIR is missing, is not a directory, or holds no ``.metadata``."""
+
+
+class BadWorldSize(BadInput):
+    """``inspect --world-size`` is not a positive number of ranks."""

@@ -17,21 +17,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dcp_invariant import plan, regular_file
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import ArtifactNameError, UseNumberError
 from dcp_invariant.evidence import rules, schema
 from dcp_invariant.evidence.verify import Report, verify_artifact
 
 MAX_REASON_CHARS = 300
 # actions/upload-artifact refuses these in a name.
 _BAD_NAME_CHARS = re.compile(r'["<>|*?:\\/\r\n]')
-
-
-class ArtifactNameError(BadInput, ValueError):
-    pass
-
-
-class UseNumberError(BadInput, ValueError):
-    """``--use`` is not a count of the action's uses in the job (1 for the first)."""
 
 
 def artifact_name(given: str, torch_version: str, env: Mapping[str, str], use: int = 1) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from dcp_invariant import canonical
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import PlanError
 
 Family = Literal[
     "training", "dtensor", "elastic", "rank_exit", "damaged", "resume", "reshard", "async_resume"
@@ -202,10 +202,6 @@ Backend = Literal["gloo", "nccl"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 # A torchrun job's world size: nodes times processes per node. Far beyond any one host's 8.
 MAX_IN_JOB_WORLD_SIZE = 65536
-
-
-class PlanError(BadInput, ValueError):
-    """A plan outside the grammar: the message names the value and what is allowed."""
 
 
 @dataclass(frozen=True)

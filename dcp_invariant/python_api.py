@@ -21,15 +21,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from dcp_invariant import canonical, plan
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import CheckInputError
 
 if TYPE_CHECKING:
     from dcp_invariant.suite.output_dir import Reservation
     from dcp_invariant.suite.runner import Finished
-
-
-class CheckInputError(BadInput):
-    """An argument of :func:`check` (or a CLI flag) the run cannot start with."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from dcp_invariant.errors import Error
+
 # Flags the platform may lack (Windows has neither FIFOs nor O_NOFOLLOW): 0 leaves them out.
 # O_BINARY matters on Windows only, where os.open defaults to text mode.
 NOFOLLOW: Final[int] = getattr(os, "O_NOFOLLOW", 0)
@@ -29,7 +31,7 @@ CHUNK_BYTES: Final = 1 << 20
 _SYMLINK_ERRNOS: Final = {errno.ELOOP, errno.EMLINK, getattr(errno, "EFTYPE", errno.ELOOP)}
 
 
-class NotRegularFile(OSError):
+class NotRegularFile(Error, OSError):
     """The entry is a symlink, directory, FIFO, device or socket; ``kind`` says which."""
 
     def __init__(self, path: Path, kind: str) -> None:
@@ -37,7 +39,7 @@ class NotRegularFile(OSError):
         self.kind = kind
 
 
-class OverBound(OSError):
+class OverBound(Error, OSError):
     """The file holds more than ``bound`` bytes; ``grew``: it did while it was being read."""
 
     def __init__(self, path: Path, bound: int, *, grew: bool) -> None:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import UnsupportedRuntime
 
 REGISTRY_FILE = Path(__file__).with_name("runtimes.json")
 LINUX_WINDOWS = ("linux", "win32")
@@ -69,10 +69,6 @@ def release_key(release: str) -> tuple[int, ...]:
 def releases() -> list[str]:
     """The registered releases, oldest first."""
     return sorted({r.release for r in RUNTIMES}, key=release_key)
-
-
-class UnsupportedRuntime(BadInput):
-    """The installed torch is not one dcp-invariant has registered."""
 
 
 def find(distribution: str, torch_version: str, platform: str | None = None) -> Runtime | None:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from dcp_invariant.errors import Error
 from dcp_invariant.runtimes import CPU_INDEX, REGISTRY_FILE, release_key
 
 GUARDED_MODULE = "torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py"
@@ -79,7 +80,7 @@ class Entry:
     measured: bool  # False: derived from the PyPI wheel of the release (see module docstring)
 
 
-class WheelError(ValueError):
+class WheelError(Error, ValueError):
     """A file is not a torch wheel this module can read."""
 
 

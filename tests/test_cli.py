@@ -587,7 +587,7 @@ def test_a_fixture_name_at_the_bound_is_taken_and_one_character_more_is_refused(
     """At the bound the name is left to the import to judge, as before the bound existed."""
     spec = "m" * (plan.MAX_FIXTURE_SPEC_CHARS - 2) + ":f"
     assert plan.fixture_plan(spec).fixture == spec
-    with pytest.raises(plan.PlanError, match="1025 characters long"):
+    with pytest.raises(errors.PlanError, match="1025 characters long"):
         plan.fixture_plan("m" + spec)
 
 

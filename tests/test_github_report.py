@@ -103,7 +103,7 @@ def test_reasons_cannot_break_the_table_or_inject_markup(rebuild: Rebuild) -> No
 
 @pytest.mark.parametrize("bad", ["a/b", "a:b", 'a"b', "a\nb", "x" * 201])
 def test_an_unusable_artifact_name_is_refused(bad: str) -> None:
-    with pytest.raises(github.ArtifactNameError):
+    with pytest.raises(errors.ArtifactNameError):
         github.artifact_name(bad, "2.13.0", {})
 
 
@@ -206,7 +206,7 @@ def test_the_cli_refuses_a_use_below_1_before_writing(
 
 @pytest.mark.parametrize("use", [0, -1, True, "2"])
 def test_artifact_name_refuses_a_use_that_is_not_a_count(use: object) -> None:
-    with pytest.raises(github.UseNumberError, match="pass 1 or more"):
+    with pytest.raises(errors.UseNumberError, match="pass 1 or more"):
         github.artifact_name("mine", "2.13.0", {}, use=use)  # type: ignore[arg-type]
 
 

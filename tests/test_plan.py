@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dcp_invariant import plan
+from dcp_invariant import errors, plan
 from dcp_invariant.evidence.families import FAMILIES
 from dcp_invariant.suite.scenarios import DRIVERS
 
@@ -107,7 +107,7 @@ def test_a_fixture_plan_derives_resumes_reshards_and_the_restart() -> None:
     ],
 )
 def test_a_plan_outside_the_grammar_is_refused(arguments: tuple[Any, ...], message: str) -> None:
-    with pytest.raises(plan.PlanError, match=re.escape(message)):
+    with pytest.raises(errors.PlanError, match=re.escape(message)):
         plan.fixture_plan(*arguments)
 
 
@@ -141,5 +141,5 @@ def test_a_recorded_plan_is_held_to_the_grammar_and_to_its_scenarios(
 ) -> None:
     record = plan.fixture_plan("m:f", (1, 2)).to_record()
     edit(record)
-    with pytest.raises(plan.PlanError, match=re.escape(message)):
+    with pytest.raises(errors.PlanError, match=re.escape(message)):
         plan.plan_from_record(record)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import dcp_invariant
-from dcp_invariant import BadInput, Diagnosis, Report, ScenarioResult, plan, python_api
+from dcp_invariant import BadInput, Diagnosis, Report, ScenarioResult, errors, plan, python_api
 from dcp_invariant.evidence import diagnosis
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -183,7 +183,7 @@ def test_an_argument_of_the_wrong_type_is_bad_input_naming_it(
     with pytest.raises(BadInput) as caught:
         dcp_invariant.check(module_level, **arguments)
     # The API's own error for an argument, or the plan's for a value outside its grammar.
-    assert isinstance(caught.value, (python_api.CheckInputError, plan.PlanError))
+    assert isinstance(caught.value, (errors.CheckInputError, errors.PlanError))
     assert says in str(caught.value)
     assert "\n" not in str(caught.value)
     assert list(tmp_path.iterdir()) == []
@@ -197,7 +197,7 @@ def test_a_wrong_type_is_named_before_git_is_asked_for_the_revision(
     type is what the message names, as it is checked first."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GITHUB_SHA", raising=False)
-    with pytest.raises(python_api.CheckInputError, match=f"^{PATH} int 123$"):
+    with pytest.raises(errors.CheckInputError, match=f"^{PATH} int 123$"):
         dcp_invariant.check(module_level, output_dir=123)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
 

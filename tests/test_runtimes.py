@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp_invariant import runtimes, wheels
+from dcp_invariant import errors, runtimes, wheels
 
 HERE = [r for r in runtimes.RUNTIMES if sys.platform in r.platforms]
 ENTRIES = wheels.load()
@@ -90,7 +90,7 @@ def test_macos_wheels_report_the_plain_version_and_linux_ones_a_build_suffix() -
 
 
 def test_torch_not_installed_is_named() -> None:
-    with pytest.raises(runtimes.UnsupportedRuntime, match="torch is not installed"):
+    with pytest.raises(errors.UnsupportedRuntime, match="torch is not installed"):
         runtimes.require(None)
 
 
@@ -105,7 +105,7 @@ def test_torch_not_installed_is_named() -> None:
 def test_require_names_the_installed_and_registered_pairs(
     distribution: str, version: str | None, installed: str
 ) -> None:
-    with pytest.raises(runtimes.UnsupportedRuntime) as info:
+    with pytest.raises(errors.UnsupportedRuntime) as info:
         runtimes.require(distribution, version)
 
     message = str(info.value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dcp_invariant.errors import Error
 from dcp_invariant.plan import FailureReason
 
 
@@ -25,7 +26,7 @@ class Failure:
         return {"path": self.path, "reason": self.reason}
 
 
-class CommitError(Exception):
+class CommitError(Error):
     """Base of the protocol's errors; the message says what to do."""
 
     def __init__(self, message: str, failures: list[Failure] | None = None) -> None:

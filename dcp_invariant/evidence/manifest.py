@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import re
 
+from dcp_invariant.errors import Error
+
 _LINE = re.compile(r"([0-9a-f]{64})  ([A-Za-z0-9_./-]+)")
 
 
-class ManifestError(ValueError):
+class ManifestError(Error, ValueError):
     pass
 
 

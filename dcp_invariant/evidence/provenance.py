@@ -6,7 +6,7 @@ import platform
 import re
 from typing import Any
 
-from dcp_invariant import __version__, plan, runtimes
+from dcp_invariant import __version__, errors, plan, runtimes
 from dcp_invariant.evidence import checks, schema
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -110,7 +110,7 @@ def recorded_plan(record: dict[str, Any]) -> plan.Plan:
     if record.get("schema_version") == schema.SCHEMA_VERSION:
         return plan.REGISTERED
     if "plan" not in record:
-        raise plan.PlanError("a fixture run's provenance must record its plan")
+        raise errors.PlanError("a fixture run's provenance must record its plan")
     return plan.plan_from_record(record["plan"])
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp_invariant import canonical, plan, regular_file
+from dcp_invariant import canonical, errors, plan, regular_file
 from dcp_invariant.evidence import artifact, manifest, observation, provenance, rules, schema
 
 # Eight world sizes give the largest plan: 8 resumes, 56 reshards and the torchrun restart.
@@ -326,7 +326,7 @@ def _check_provenance(
         return plan.REGISTERED, None  # a malformed plan names no files worth listing
     try:
         run_plan = provenance.recorded_plan(record)
-    except plan.PlanError as exc:
+    except errors.PlanError as exc:
         problems.append(f"{schema.PROVENANCE_FILE}: {exc}")
         return plan.REGISTERED, None
     return run_plan, None if shape else record

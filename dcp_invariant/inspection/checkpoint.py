@@ -13,9 +13,10 @@ import itertools
 from pathlib import Path
 
 from dcp_invariant import canonical
+from dcp_invariant.errors import BadWorldSize, NotACheckpoint
 from dcp_invariant.inspection import estimate, generation, metadata, records, storage, tiling
 from dcp_invariant.inspection.budget import Budget
-from dcp_invariant.inspection.errors import BadWorldSize, MetadataProblem, NotACheckpoint
+from dcp_invariant.inspection.errors import MetadataProblem
 from dcp_invariant.inspection.problems import Problem
 from dcp_invariant.inspection.report import Contents, Report
 

@@ -1,20 +1,13 @@
-"""What ``inspect`` raises: a problem with the checkpoint (exit 1), or bad input (exit 2)."""
+"""What ``inspect`` finds wrong with a checkpoint's ``.metadata`` (exit 1); its bad input is in
+:mod:`dcp_invariant.errors`."""
 
 from __future__ import annotations
 
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import Error
 from dcp_invariant.inspection.problems import Cause
 
 
-class NotACheckpoint(BadInput):
-    """DIR is missing, is not a directory, or holds no ``.metadata``: one line, exit 2."""
-
-
-class BadWorldSize(BadInput):
-    """``--world-size`` is not a positive number of ranks: one line, exit 2."""
-
-
-class MetadataProblem(Exception):
+class MetadataProblem(Error):
     """``.metadata`` cannot be read as DCP metadata; ``cause`` starts the reason printed."""
 
     cause: Cause = "malformed metadata"

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from dcp_invariant.errors import Error
+
 
 @runtime_checkable
 class App(Protocol):
@@ -33,7 +35,7 @@ class App(Protocol):
 Fixture = Callable[..., App]  # (rank, world_size, **fixture_args)
 
 
-class FixtureError(ValueError):
+class FixtureError(Error, ValueError):
     """A fixture spec that does not name a usable fixture."""
 
 

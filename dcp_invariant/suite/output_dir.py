@@ -25,15 +25,9 @@ import time
 from pathlib import Path
 from typing import IO
 
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import EnvironmentProblem, OutputDirError
 from dcp_invariant.evidence import schema
-from dcp_invariant.suite.workspace import (
-    EnvironmentProblem,
-    check_free,
-    environment_problem,
-    lock_exclusive,
-    remove,
-)
+from dcp_invariant.suite.workspace import check_free, environment_problem, lock_exclusive, remove
 
 # The staging directory is ".<name>." plus 8 random characters; the lock ".<name>.lock".
 STAGING_EXTRA = 10
@@ -57,10 +51,6 @@ LOCK_WAIT = 1.0
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _BINARY = getattr(os, "O_BINARY", 0)
-
-
-class OutputDirError(BadInput):
-    """The output directory cannot take an artifact; the message says what to change."""
 
 
 class Reservation:

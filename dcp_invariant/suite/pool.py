@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dcp_invariant import canonical
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import Error, StartMethodError
 from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite import reaper, worker
 
@@ -88,16 +88,12 @@ class Cancelled(Exception):
     """The run is being interrupted: no new group starts."""
 
 
-class StandbyFailed(RuntimeError):
+class StandbyFailed(Error, RuntimeError):
     """A spawned standby ended before it could say what it imported."""
 
     def __init__(self, exit_code: int | None) -> None:
         self.exit_code = exit_code
         super().__init__(f"a spawned worker ended while importing (exit code {exit_code})")
-
-
-class StartMethodError(BadInput, ValueError):
-    """DCP_INVARIANT_START_METHOD names no usable start method (bad input)."""
 
 
 def available_start_methods() -> tuple[str, ...]:

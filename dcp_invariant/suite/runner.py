@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_invariant import plan, runtimes
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import BadInput, EnvironmentProblem, Error, FixtureProblem
 from dcp_invariant.evidence import rules
 from dcp_invariant.suite import reaper
 from dcp_invariant.suite.console import Log
@@ -31,7 +31,7 @@ from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool
 from dcp_invariant.suite.scenarios import DRIVERS, payloads
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
-from dcp_invariant.suite.workspace import EnvironmentProblem, Workspace
+from dcp_invariant.suite.workspace import Workspace
 
 PARALLEL = 2
 
@@ -195,11 +195,7 @@ def run_suite(
     )
 
 
-class FixtureProblem(BadInput, ValueError):
-    """The fixture does not follow the interface (bad input); the message says what to change."""
-
-
-class FixtureTimeout(RuntimeError):
+class FixtureTimeout(Error, RuntimeError):
     """The fixture's first step did not finish in time: a failure, not bad input."""
 
 

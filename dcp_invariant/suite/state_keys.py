@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from dcp_invariant.errors import Error
 from dcp_invariant.suite.digest import value_digest
 
 # Bounds what one phase of one rank may add to an observation.
@@ -29,7 +30,7 @@ MAX_KEYS = 20_000
 MAX_DIFFS_PER_PHASE = 32
 
 
-class StateKeyError(ValueError):
+class StateKeyError(Error, ValueError):
     """A state dict this tool cannot record key by key; the message says what to change."""
 
 

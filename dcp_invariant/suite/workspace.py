@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import EnvironmentProblem
 
 PREFIX = "dcp-invariant-"
 LOCK_FILE = ".lock"
@@ -28,10 +28,6 @@ MIN_FREE_BYTES = 64 << 20
 MAX_SOCKET_PARENT = 60
 SOCKET_HOLDER_PREFIX = "dcpi-"
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
-
-
-class EnvironmentProblem(BadInput):
-    """The machine, not the checkpoint under test, is at fault: bad input, exit 2."""
 
 
 # The way out of a problem with the temp directory; a directory the user named has its own.

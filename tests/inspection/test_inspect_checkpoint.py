@@ -26,8 +26,8 @@ from inspect_data import (
 from metadata_pickler import memo_bomb
 
 from dcp_invariant import canonical
+from dcp_invariant.errors import NotACheckpoint
 from dcp_invariant.inspection import inspect_checkpoint, metadata, records
-from dcp_invariant.inspection.errors import NotACheckpoint
 from dcp_invariant.inspection.problems import Cause
 
 

@@ -35,7 +35,7 @@ def test_a_worker_reads_its_place_in_the_job() -> None:
     ],
 )
 def test_a_job_launched_otherwise_is_bad_input(change: dict[str, str], says: str) -> None:
-    with pytest.raises(in_job.InJobError, match=says) as caught:
+    with pytest.raises(errors.InJobError, match=says) as caught:
         in_job.JobEnvironment.read({**TORCHRUN, **change}).expect_one_restart()
     assert caught.value.exit_code == errors.EXIT_USAGE
     assert "\n" not in str(caught.value)
@@ -44,7 +44,7 @@ def test_a_job_launched_otherwise_is_bad_input(change: dict[str, str], says: str
 def test_nccl_puts_each_rank_on_its_own_gpu_and_gloo_on_the_cpu() -> None:
     assert in_job.device_for("gloo", 3, 0) == "cpu"
     assert in_job.device_for("nccl", 1, 2) == "cuda:1"
-    with pytest.raises(in_job.InJobError, match="local rank 2 has no CUDA device"):
+    with pytest.raises(errors.InJobError, match="local rank 2 has no CUDA device"):
         in_job.device_for("nccl", 2, 2)
 
 
@@ -56,12 +56,12 @@ def test_the_launch_id_is_a_safe_file_name_part() -> None:
 
 def test_a_resumed_check_refuses_a_restart() -> None:
     job = in_job.JobEnvironment.read({**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1"})
-    with pytest.raises(in_job.InJobError, match="makes no restart"):
+    with pytest.raises(errors.InJobError, match="makes no restart"):
         job.expect_no_restart()
 
 
 def test_a_second_launch_finds_the_first_launchs_commit(tmp_path: Path) -> None:
-    with pytest.raises(in_job.InJobError, match="holds 0 committed first launches"):
+    with pytest.raises(errors.InJobError, match="holds 0 committed first launches"):
         in_job.first_launch(tmp_path)
     committed = tmp_path / "resume_2" / in_job.STATE_DIR
     committed.mkdir(parents=True)
@@ -74,7 +74,7 @@ def test_a_resumed_plan_is_one_reshard_from_the_first_launchs_world_size() -> No
     the_plan = plan.in_job_plan("pkg.mod:make_app", launch)
     assert the_plan.names == ("reshard_2_to_4",)
     assert plan.plan_from_record(the_plan.to_record()) == the_plan
-    with pytest.raises(plan.PlanError, match="another than this launch's 4"):
+    with pytest.raises(errors.PlanError, match="another than this launch's 4"):
         plan.in_job_plan("pkg.mod:make_app", plan.Launch(1, 4, "gloo", resumed_from=4))
 
 
@@ -91,9 +91,9 @@ def test_the_plan_records_the_launch_and_reads_back() -> None:
     }
     assert plan.plan_from_record(record) == the_plan
     # A record whose scenarios its launch does not give is refused.
-    with pytest.raises(plan.PlanError, match="are not the ones its launch gives"):
+    with pytest.raises(errors.PlanError, match="are not the ones its launch gives"):
         plan.plan_from_record({**record, "scenarios": ["resume_4", "async_resume_4"]})
-    with pytest.raises(plan.PlanError, match="backend 'mpi'"):
+    with pytest.raises(errors.PlanError, match="backend 'mpi'"):
         plan.in_job_plan("pkg.mod:make_app", plan.Launch(1, 1, "mpi"))  # type: ignore[arg-type]
 
 

@@ -19,8 +19,9 @@ from typing import IO
 import pytest
 
 from dcp_invariant import cli
+from dcp_invariant.errors import OutputDirError
 from dcp_invariant.suite import output_dir, reaper, runner, workspace
-from dcp_invariant.suite.output_dir import OutputDirError, Reservation
+from dcp_invariant.suite.output_dir import Reservation
 
 REVISION = "a" * 40
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dcp_invariant import plan
+from dcp_invariant import errors, plan
 from dcp_invariant.suite import runner, workspace
 from dcp_invariant.suite.pool import GroupOutcome
 from dcp_invariant.suite.scenarios.common import ScenarioContext
@@ -101,7 +101,7 @@ def test_a_full_workspace_stops_the_run_instead_of_failing_the_scenario(tmp_path
     )
     obs = ctx.begin()
     with (
-        pytest.raises(workspace.EnvironmentProblem, match="No space left on device"),
+        pytest.raises(errors.EnvironmentProblem, match="No space left on device"),
         ctx.recording(obs),
     ):
         raise OSError(errno.ENOSPC, "No space left on device", "ckpt")
@@ -118,12 +118,12 @@ def test_a_worker_that_ran_out_of_space_stops_the_run(tmp_path: Path) -> None:
         plan.SCENARIOS[0], pool, tmp_path, plan.REGISTERED_FIXTURE, plan.REGISTERED
     )
     ctx.outcomes.append(("source", GroupOutcome([1], False, [], [log])))
-    with pytest.raises(workspace.EnvironmentProblem, match="No space left on device"):
+    with pytest.raises(errors.EnvironmentProblem, match="No space left on device"):
         runner._refuse_environment_failures(ctx)
 
 
 def test_too_little_free_space_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(workspace.EnvironmentProblem, match="free space there"):
+    with pytest.raises(errors.EnvironmentProblem, match="free space there"):
         workspace.check_free(tmp_path, "the temp directory", needed=1 << 62)
 
 

@@ -22,12 +22,13 @@ from typing import Any
 
 from dcp_invariant import canonical, runtimes
 from dcp_invariant.commit import durable
+from dcp_invariant.errors import Error
 
 ATTESTATION_ENV = "DCP_INVARIANT_GUARD_ATTESTATION"
 SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
-class GuardError(RuntimeError):
+class GuardError(Error, RuntimeError):
     """The torchrun agent cannot be guarded; it must not start."""
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from dcp_invariant import canonical, plan, regular_file, runtimes
 from dcp_invariant.commit import CheckpointStore, durable
-from dcp_invariant.errors import BadInput
+from dcp_invariant.errors import InJobError
 from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, Interner, commit
 from dcp_invariant.suite.scenarios.payloads import FixtureResume, FixtureTrain
@@ -50,10 +50,6 @@ from dcp_invariant.suite.scenarios.resume import REFERENCE_SNAPSHOTS
 # Under --checkpoint-dir: the process group's files, and each rank's records between attempts.
 STATE_DIR = ".in-job"
 COMMIT_FILE = "commit.json"
-
-
-class InJobError(BadInput):
-    """The job cannot run the checks as launched; the message says what to change."""
 
 
 @dataclass(frozen=True)
