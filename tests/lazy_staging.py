@@ -13,7 +13,7 @@ from typing import Any
 
 from fixture_loops import Correct
 
-from dcp_invariant.suite.scenarios import fixture_tasks
+from dcp_invariant.ranks import fixture_tasks
 
 
 class LazyStager:

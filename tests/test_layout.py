@@ -85,3 +85,47 @@ def test_the_import_graph_has_no_cycles() -> None:
 
     for name in sorted(edges):
         visit(name, [])
+
+
+def _imported_at_module_level(path: Path) -> set[str]:
+    """What a module imports when it is imported: its top-level statements, ``if`` and ``try``
+    blocks included, not what a function imports when it runs."""
+    found: set[str] = set()
+    todo: list[ast.stmt] = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                for child in getattr(node, block, []):
+                    todo += child.body if isinstance(child, ast.ExceptHandler) else [child]
+    return found
+
+
+RANKS = "dcp_invariant.ranks"
+# The registered fixture imports torch at module level outside ranks/: the registered evidence
+# names it by its module path ("fixture": "dcp_invariant.suite.registered_fixture:..."), and a
+# move would change every registered artifact's bytes.
+TORCH_OUTSIDE_RANKS = {"dcp_invariant.suite.registered_fixture"}
+
+
+def test_only_the_rank_side_imports_torch_when_it_is_imported() -> None:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        torch = {t for t in _imported_at_module_level(path) if t.split(".")[0] == "torch"}
+        if name.startswith(RANKS) or name in TORCH_OUTSIDE_RANKS:
+            continue
+        assert not torch, f"{name} imports {sorted(torch)} when imported: move it to ranks/"
+
+
+def test_the_parent_side_names_the_rank_side_by_string_only() -> None:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        if name.startswith(RANKS):
+            continue
+        ranks = {t for t in _imported_at_module_level(path) if t.startswith(RANKS)}
+        assert not ranks, f"{name} imports {sorted(ranks)}: name the task in payloads instead"

@@ -107,7 +107,7 @@ def test_the_wheel_holds_only_the_package_and_its_metadata(dist: Path) -> None:
         "plan.py",
         "evidence/verify.py",
         "commit/store.py",
-        "suite/scenarios/tasks.py",
+        "ranks/tasks.py",
         "suite/torchrun/launch.py",
         "suite/torchrun/guard.py",
     ):

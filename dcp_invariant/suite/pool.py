@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # scenarios/ imports this module: the import is for mypy alon
 # optimizer step, DCP save and DTensor op (torch._dynamo alone is about 0.8 s). A module
 # missing from another torch release is skipped by the fork server.
 PRELOAD = [
-    "dcp_invariant.suite.scenarios.tasks",
-    "dcp_invariant.suite.scenarios.fixture_tasks",
+    "dcp_invariant.ranks.tasks",
+    "dcp_invariant.ranks.fixture_tasks",
     "dcp_invariant.suite.registered_fixture",
     "numpy.random",
     "torch._dynamo",

@@ -56,7 +56,7 @@ def consensus(values: list[Any], what: str) -> list[str]:
 def first_non_finite_loss(rank: Obs, steps_before: int) -> tuple[int, str] | None:
     """The first step whose recorded loss is NaN or infinite, and that loss, if any.
 
-    A rank records such a loss and stops (dcp_invariant/suite/scenarios/fixture_tasks.py): the
+    A rank records such a loss and stops (dcp_invariant/ranks/fixture_tasks.py): the
     steps before the save are numbered from 1, those after it from N+1.
     """
     losses = list(enumerate(rank.get("losses_before", []), start=1))

@@ -45,7 +45,7 @@ def aggregate(components: dict[str, str]) -> str:
     """The ``aggregate`` a worker adds to its component digests, derived again here.
 
     Workers compute it as ``canonical.digest(sorted(component items))``
-    (:func:`dcp_invariant.suite.digest.component_digests`): a digest over the others, so it is
+    (:func:`dcp_invariant.ranks.digest.component_digests`): a digest over the others, so it is
     re-derived rather than trusted.
     """
     return _aggregate(tuple(sorted((k, v) for k, v in components.items() if k != AGGREGATE)))

@@ -140,8 +140,8 @@ class Task(Generic[P]):
         return Call(self.ref, payload)
 
 
-_TASKS: Final = "dcp_invariant.suite.scenarios.tasks"
-_FIXTURE_TASKS: Final = "dcp_invariant.suite.scenarios.fixture_tasks"
+_TASKS: Final = "dcp_invariant.ranks.tasks"
+_FIXTURE_TASKS: Final = "dcp_invariant.ranks.fixture_tasks"
 RUNTIME_VERSIONS: Final = Task(f"{_TASKS}:runtime_versions", RuntimeVersions)
 TRAIN_AND_SAVE: Final = Task(f"{_TASKS}:train_and_save", TrainAndSave)
 LOAD_AND_STEP: Final = Task(f"{_TASKS}:load_and_step", LoadAndStep)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dcp_invariant import canonical
 from dcp_invariant.suite import pool, worker
+from dcp_invariant.suite.scenarios.payloads import LOAD_AND_STEP
 
 MARKER_FILE = "marker.json"
 # Long enough for the agent to see the dying rank's exit first, so the restart follows it.
@@ -65,7 +66,7 @@ def main(argv: list[str]) -> int:
     }
     worker.import_frozen(pool.PRELOAD)
     worker.run(
-        "dcp_invariant.suite.scenarios.tasks:load_and_step",
+        LOAD_AND_STEP.ref,
         rank,
         world_size,
         attempt_group(attempt),

@@ -364,7 +364,7 @@ TaskResult = dict[str, Any]  # {"exit_code": 0 or 1, "record": the rank's report
 
 def _task(name: str, job: JobEnvironment, payload: Any) -> TaskResult:
     """Run a fixture task on this rank as a worker of the pool would, catching what it raises."""
-    from dcp_invariant.suite.scenarios import fixture_tasks
+    from dcp_invariant.ranks import fixture_tasks
 
     fn: Callable[..., None] = getattr(fixture_tasks, name)
     reported: list[dict[str, Any]] = []

@@ -13,7 +13,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from dcp_invariant.evidence import observation
 from dcp_invariant.plan import LOAD_FAILURES
-from dcp_invariant.suite.scenarios.tasks import load_failure
+from dcp_invariant.ranks.tasks import load_failure
 
 pytestmark = pytest.mark.torch
 
@@ -80,8 +80,9 @@ def test_each_task_reads_the_payload_type_its_drivers_are_held_to() -> None:
     import inspect
     import typing
 
+    from dcp_invariant.ranks import fixture_tasks, tasks
     from dcp_invariant.suite import worker
-    from dcp_invariant.suite.scenarios import fixture_tasks, payloads, tasks
+    from dcp_invariant.suite.scenarios import payloads
 
     for task in payloads.TASKS:
         function = worker.resolve(task.ref)

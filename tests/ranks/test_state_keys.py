@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dcp_invariant.suite import state_keys  # noqa: E402 (needs torch, which may be absent)
-from dcp_invariant.suite.digest import value_digest  # noqa: E402
+from dcp_invariant.ranks import state_keys  # noqa: E402 (needs torch, which may be absent)
+from dcp_invariant.ranks.digest import value_digest  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

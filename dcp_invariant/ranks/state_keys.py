@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from dcp_invariant.errors import Error
-from dcp_invariant.suite.digest import value_digest
+from dcp_invariant.ranks.digest import value_digest
 
 # Bounds what one phase of one rank may add to an observation.
 MAX_KEYS = 20_000

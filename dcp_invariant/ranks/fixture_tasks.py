@@ -30,7 +30,8 @@ from torch.distributed.checkpoint.state_dict_saver import (
 )
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from dcp_invariant.suite import state_keys
+from dcp_invariant.ranks import state_keys
+from dcp_invariant.ranks.tasks import load_through_pointer
 from dcp_invariant.suite.fixture import (
     FixtureError,
     build_app,
@@ -45,7 +46,6 @@ from dcp_invariant.suite.scenarios.payloads import (
     FixtureTrain,
     ProbePhase,
 )
-from dcp_invariant.suite.scenarios.tasks import load_through_pointer
 from dcp_invariant.suite.worker import Report, loopback_gloo_options
 
 

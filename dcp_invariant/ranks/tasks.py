@@ -24,7 +24,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from dcp_invariant import plan
 from dcp_invariant.commit import ReceiptMismatch
 from dcp_invariant.commit.store import CheckpointStore
-from dcp_invariant.suite.digest import component_digests, value_digest
+from dcp_invariant.ranks.digest import component_digests, value_digest
 from dcp_invariant.suite.fixture import build_app
 from dcp_invariant.suite.scenarios.payloads import (
     DTensorLoad,
