@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 from genuine_pickler import dumps
 from inspect_data import WORLD_SIZES, metadata_bytes
-from test_inspect_unpickler import _graph
+from unpickled_graph import graph
 
 from dcp_invariant.inspection import metadata, records, unpickler
 from dcp_invariant.inspection.budget import Budget
@@ -40,9 +40,9 @@ def _genuine() -> Iterator[tuple[str, bytes]]:
 
 
 def _loaded(data: bytes, *, templates: bool) -> object:
-    """What ``unpickler.load`` gives (as a graph, :func:`_graph`) or raises."""
+    """What ``unpickler.load`` gives (as a graph, :func:`unpickled_graph.graph`) or raises."""
     try:
-        return _graph(unpickler.load(data, templates=templates))
+        return graph(unpickler.load(data, templates=templates))
     except MetadataProblem as exc:
         return type(exc).__name__, str(exc)
 
@@ -215,7 +215,7 @@ def test_a_put_over_a_deferred_entry_makes_its_record_first() -> None:
     mutated = _ending(data, ops)
     loaded = _loaded(mutated, templates=True)
     assert loaded == _loaded(mutated, templates=False)
-    assert loaded == _graph((None, memo[at + 1]))
+    assert loaded == graph((None, memo[at + 1]))
 
 
 # --- storage_data as rows -------------------------------------------------------------------

@@ -18,11 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from inspect_data import metadata_bytes
+from unpickled_graph import graph
 
 from dcp_invariant.inspection import unpickler
 from dcp_invariant.inspection.budget import Budget
 from dcp_invariant.inspection.errors import MalformedMetadata, MetadataTooLarge, RefusedPickle
-from dcp_invariant.inspection.unpickler import Instance, PickledDict
+from dcp_invariant.inspection.unpickler import PickledDict
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 
@@ -313,40 +314,11 @@ def test_bytes_below_protocol_3_are_a_call_and_refused() -> None:
 # --- the inline loop against the handlers -----------------------------------------------------
 
 
-def _graph(value: object) -> object:
-    """A value as nested plain tuples, shared and cyclic references numbered: two loads are
-    equal when their graphs are. A tuple of plain values is compared by value alone: a
-    template (unpickler._Templates) gives the equal torch.Size arguments of a file one tuple,
-    where the opcodes make one each, and a tuple never changes, so which one it is cannot
-    change what is read."""
-    seen: dict[int, int] = {}
-
-    def plain(v: object) -> bool:
-        if isinstance(v, tuple):
-            return all(plain(item) for item in v)
-        return not isinstance(v, (Instance, PickledDict, list))
-
-    def walk(v: object) -> object:
-        if isinstance(v, (Instance, PickledDict, list, tuple)) and not plain(v):
-            if id(v) in seen:
-                return ("ref", seen[id(v)])
-            seen[id(v)] = len(seen)
-        if isinstance(v, Instance):
-            return ("instance", v.cls.dotted, "unset" if not v.built else walk(v.state))
-        if isinstance(v, PickledDict):
-            return ("dict", tuple(walk(pair) for pair in v.pairs))
-        if isinstance(v, (list, tuple)):
-            return (type(v).__name__, tuple(walk(item) for item in v))
-        return ("value", type(v).__name__, v)
-
-    return walk(value)
-
-
 def _outcome(data: bytes, *, inline: bool) -> object:
     """What loading ``data`` gives or raises, through the inline loop or the handlers alone."""
     try:
         if inline:
-            return _graph(unpickler.load(data))
+            return graph(unpickler.load(data))
         budget = Budget()
         budget.for_bytes(len(data))
         machine = unpickler._Machine(data, budget)
@@ -357,7 +329,7 @@ def _outcome(data: bytes, *, inline: bool) -> object:
             raise
         except (ValueError, OverflowError, UnicodeDecodeError) as exc:
             raise MalformedMetadata(f"invalid pickle near byte {machine.pos}: {exc}") from exc
-        return _graph(machine.result)
+        return graph(machine.result)
     except (RefusedPickle, MalformedMetadata, MetadataTooLarge) as exc:
         return (type(exc).__name__, str(exc))
 
