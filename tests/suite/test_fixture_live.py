@@ -476,7 +476,7 @@ def test_checked_in_fixture_artifact_still_matches_a_fresh_run(
     CPU is compared: every verdict, key, shape, count and commit record exactly, and in the
     observations every value that float arithmetic produced (losses, digests of float tensors
     and of checkpoint bytes) as present, not by its bits. That a run's bytes repeat on one
-    machine is tested above (the same fixture twice gives identical artifacts).
+    machine is tested in test_python_api_live.py (check() and the CLI write identical artifacts).
     """
     out, proc = example_run
     assert proc.returncode == 0, proc.stderr
