@@ -7,7 +7,8 @@ content, only sizes, so each shard is made as the zeros of the size its items en
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dcp_writer import TEST_DATA, data_file_name
@@ -68,3 +69,13 @@ def tensor(meta: records.Metadata, key: str) -> records.TensorStorageMetadata:
     item = meta.state_dict_metadata[key]
     assert isinstance(item, records.TensorStorageMetadata)
     return item
+
+
+def mutants(data: bytes, count: int, seed: int) -> Iterator[bytes]:
+    """``count`` seeded copies of ``data``, each with 1 to 4 bytes set at random."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        raw = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        yield bytes(raw)

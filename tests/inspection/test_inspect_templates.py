@@ -5,7 +5,6 @@ every seeded mutant of them, and when something asks for a record a template def
 from __future__ import annotations
 
 import functools
-import random
 import struct
 from collections.abc import Callable, Iterator
 from typing import Final
@@ -13,7 +12,7 @@ from unittest import mock
 
 import pytest
 from genuine_pickler import dumps
-from inspect_data import WORLD_SIZES, metadata_bytes
+from inspect_data import WORLD_SIZES, metadata_bytes, mutants
 from unpickled_graph import graph
 
 from dcp_invariant.inspection import metadata, records, unpickler
@@ -103,19 +102,10 @@ def test_templates_read_most_records_of_a_genuine_file(name: str, data: bytes) -
     assert _read_by_templates(unpickler.load(data, templates=False)) == 0
 
 
-def _mutants(data: bytes, count: int, seed: int) -> Iterator[bytes]:
-    rng = random.Random(seed)
-    for _ in range(count):
-        raw = bytearray(data)
-        for _ in range(rng.randint(1, 4)):
-            raw[rng.randrange(len(raw))] = rng.randrange(256)
-        yield bytes(raw)
-
-
 def test_templates_and_opcodes_agree_on_every_mutant() -> None:
     """1,000 seeded mutants of a genuine file: each byte a template matches is one a mutant may
     change, and the opcodes must then have the last word (the same value, refusal or error)."""
-    for data in _mutants(_GENERATED["4 ranks, 2 layers"], 1000, seed=11):
+    for data in mutants(_GENERATED["4 ranks, 2 layers"], 1000, seed=11):
         assert _loaded(data, templates=True) == _loaded(data, templates=False), data
         assert _parsed(data, templates=True) == _parsed(data, templates=False), data
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pickle
 import pickletools
-import random
 import subprocess
 import sys
 import tracemalloc
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from inspect_data import metadata_bytes
+from inspect_data import metadata_bytes, mutants
 from unpickled_graph import graph
 
 from dcp_invariant.inspection import unpickler
@@ -334,15 +333,6 @@ def _outcome(data: bytes, *, inline: bool) -> object:
         return (type(exc).__name__, str(exc))
 
 
-def _mutants(data: bytes, count: int, seed: int) -> Iterator[bytes]:
-    rng = random.Random(seed)
-    for _ in range(count):
-        raw = bytearray(data)
-        for _ in range(rng.randint(1, 4)):
-            raw[rng.randrange(len(raw))] = rng.randrange(256)
-        yield bytes(raw)
-
-
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_the_inline_loop_reads_real_files_as_the_handlers_do(world_size: int) -> None:
     data = metadata_bytes(world_size)
@@ -350,7 +340,7 @@ def test_the_inline_loop_reads_real_files_as_the_handlers_do(world_size: int) ->
 
 
 def test_the_inline_loop_and_the_handlers_agree_on_every_mutant() -> None:
-    for data in _mutants(metadata_bytes(2), 1000, seed=7):
+    for data in mutants(metadata_bytes(2), 1000, seed=7):
         assert _outcome(data, inline=True) == _outcome(data, inline=False), data
 
 

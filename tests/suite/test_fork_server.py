@@ -9,10 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
+from proc_state import alive, stat, wait_until
 
 from dcp_invariant.suite import worker
 
@@ -42,28 +41,6 @@ sys.stdin.read()
 """
 
 
-def stat(pid: int) -> list[bytes] | None:
-    """``/proc/<pid>/stat``'s fields after the command name; None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    fields = stat(pid)
-    return fields is not None and fields[0] not in (b"Z", b"X")
-
-
-def wait_until_gone(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_the_server_dies_with_its_runner_in_a_session_of_its_own_without_the_runners_pid() -> None:
     runner = subprocess.Popen(
         [sys.executable, "-c", RUNNER],
@@ -87,7 +64,7 @@ def test_the_server_dies_with_its_runner_in_a_session_of_its_own_without_the_run
 
         runner.kill()  # SIGKILL: the runner runs no cleanup
         runner.wait(timeout=TIMEOUT)
-        assert wait_until_gone(server, 5.0), "the server outlived its runner"
+        assert wait_until(lambda: not alive(server), 5.0), "the server outlived its runner"
     finally:
         if runner.poll() is None:
             runner.kill()

@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import namedtuple
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import pytest
+from proc_state import alive, wait_until
 
 from dcp_invariant import cli
 from dcp_invariant.errors import OutputDirError
@@ -407,21 +407,3 @@ def test_after_a_sigkill_the_guardian_removes_the_lock_and_stage(tmp_path: Path)
         # Ours to reap only if this process is a subreaper (PR_SET_CHILD_SUBREAPER, prctl(2)).
         with contextlib.suppress(ChildProcessError):
             os.waitpid(guardian, os.WNOHANG)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (the guardian is not this process's child: init reaps it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
-
-
-def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True

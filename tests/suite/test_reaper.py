@@ -10,11 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from proc_state import alive, stat, wait_until
 
 from dcp_invariant.suite import reaper
 from dcp_invariant.suite.reaper import Guardian, Straggler
@@ -61,28 +61,6 @@ def start() -> Iterator[Start]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=TIMEOUT)
-
-
-def stat(pid: int) -> list[bytes] | None:
-    """``/proc/<pid>/stat``'s fields after the command name (state, ppid, pgrp, session...)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    fields = stat(pid)
-    return fields is not None and fields[0] not in (b"Z", b"X")
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def end_orphans(*pids: int) -> None:
