@@ -126,10 +126,10 @@ def sweep_stale(parent: Path) -> list[Path]:
         if entry.name.startswith(PREFIX) and _unlocked(entry / LOCK_FILE):
             try:
                 remove(entry)
-            except FileNotFoundError:
-                continue  # another run's sweep removed it first
             except OSError:
-                continue  # still held (Windows) or not ours to remove: the next sweep retries
+                # Another run's sweep removed it first, or it is still held (Windows) or not
+                # ours to remove: the next sweep retries.
+                continue
             removed.append(entry)
     return removed
 
