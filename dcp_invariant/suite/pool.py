@@ -486,6 +486,13 @@ def _wait(procs: list[Any], timeout: float, lock: threading.Lock) -> bool:
             with lock:
                 for p in alive:
                     p.kill()
+            # Reaped without the lock, which cancel() takes and must get at once; reading the
+            # exit codes of the ended processes then takes it for a moment only.
+            ending = [p.sentinel for p in alive]
+            while ending:
+                ended = multiprocessing.connection.wait(ending)
+                ending = [s for s in ending if s not in ended]
+            with lock:
                 for p in alive:
                     p.join()
             return now >= deadline

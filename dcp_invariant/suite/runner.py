@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,8 +166,7 @@ def run_suite(
                 max_workers=PARALLEL, thread_name_prefix="scenario"
             ) as executor:
                 try:
-                    for future in [executor.submit(one, name) for name in order]:
-                        future.result()
+                    _results([executor.submit(one, name) for name in order])
                 except BaseException:
                     # An interrupt, or one scenario's bug: stop the others now, not after them.
                     pool.cancel()
@@ -193,6 +192,25 @@ def run_suite(
         torch_runtime=versions["torch"],
         numpy=versions["numpy"],
     )
+
+
+# How often the main thread wakes while the scenarios run; see :func:`_results`.
+SIGNAL_POLL_SECONDS = 0.2
+
+
+def _results(futures: list[Future[None]]) -> None:
+    """Wait for every scenario; raise the first exception one raises, as soon as it does.
+
+    The wait wakes every :data:`SIGNAL_POLL_SECONDS`: the kernel may hand a SIGINT or SIGTERM
+    to any thread that does not block it, and Python runs its handler only in the main thread
+    (https://docs.python.org/3/library/signal.html#signals-and-threads), which an untimed lock
+    wait would leave asleep until a scenario ends, seconds after the interrupt.
+    """
+    pending: set[Future[None]] = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=SIGNAL_POLL_SECONDS, return_when=FIRST_EXCEPTION)
+        for future in done:
+            future.result()
 
 
 class FixtureTimeout(Error, RuntimeError):

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+import proc_state
 import pytest
 
 from dcp_invariant.suite import pool, workspace
@@ -93,7 +94,9 @@ class Run:
         self.tmpdir = tmp_path / "private-tmp"
         self.tmpdir.mkdir(exist_ok=True)
         self.output = tmp_path / "out"
-        env = {**os.environ, "TMPDIR": str(self.tmpdir)}
+        # PYTHONFAULTHANDLER: a run that is slow to stop is sent SIGABRT, and prints where each
+        # of its threads was (https://docs.python.org/3/library/faulthandler.html).
+        env = {**os.environ, "TMPDIR": str(self.tmpdir), "PYTHONFAULTHANDLER": "1"}
         if start_method is not None:
             env[pool.START_METHOD_ENV] = start_method
         self.proc = subprocess.Popen(
@@ -172,14 +175,23 @@ def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(
     run.wait_for_torchrun()
     run.proc.send_signal(signum)
     started = time.monotonic()
-    # What is still running when the deadline passes, should the run be slow to stop.
+    # What is still running when the deadline passes, should the run be slow to stop; and
+    # where each of the runner's threads waits, which its fault handler prints as it aborts.
     late: list[str] = []
-    watcher = threading.Timer(2.5, lambda: late.extend(describe(processes_with(str(run.tmpdir)))))
+
+    def too_late() -> None:
+        if proc_state.alive(run.proc.pid):  # not yet reaped, the PID is still the runner's
+            late.extend(describe(processes_with(str(run.tmpdir))))
+            run.proc.send_signal(signal.SIGABRT)
+
+    watcher = threading.Timer(2.5, too_late)
     watcher.start()
-    assert run.finish(seconds=30) == code, "".join(run.stderr)
+    stopped = run.finish(seconds=30)
     elapsed = time.monotonic() - started
     watcher.cancel()
-    assert elapsed < 2.5, f"took {elapsed:.1f} s to stop; at 2.5 s: {late}; {run.stderr[-5:]}"
+    assert not late, f"not stopped after 2.5 s: {late}; {''.join(run.stderr)}"
+    assert stopped == code, "".join(run.stderr)
+    assert elapsed < 2.5, f"took {elapsed:.1f} s to stop; {run.stderr[-5:]}"
     assert run.stderr[-1].strip() == "dcp-invariant: interrupted: nothing written"
     assert "Traceback" not in "".join(run.stderr)
     assert not run.output.exists()
