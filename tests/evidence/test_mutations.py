@@ -25,7 +25,7 @@ import synthetic
 from mutation_walk import DATA, artifact_dirs, count, mutations, read_artifact
 
 from dcp_invariant import plan
-from dcp_invariant.evidence import observation, schema, verify
+from dcp_invariant.evidence import observation, rules, schema, verify
 from dcp_invariant.evidence.free_fields import FREE_FIELDS, free_field
 from dcp_invariant.evidence.verify import verify_files
 
@@ -59,13 +59,14 @@ PER_FIELD = 1
 
 @contextlib.contextmanager
 def unchanged_files_parsed_once() -> Iterator[None]:
-    """Each edit changes one file; parsing and shape-checking the others again would only repeat
-    pure functions of the same bytes, so their results are kept. Everything else (the edited
-    file's parse and shape, the layout, manifest, provenance, rules, consistency, derivations)
-    runs as ``verify`` runs it."""
-    load, validate = verify._load, observation.validate
+    """Each edit changes one file; parsing, shape-checking and judging the others again would
+    only repeat pure functions of the same bytes, so their results are kept. Everything else
+    (the edited file's parse, shape and rules, the layout, manifest, provenance, consistency
+    across scenarios, derivations) runs as ``verify`` runs it."""
+    load, validate, derive = verify._load, observation.validate, rules.derive
     loaded: dict[tuple[str, bytes | None], tuple[Any, list[str]]] = {}
     validated: dict[tuple[str, int, plan.Plan], list[str]] = {}
+    derived: dict[tuple[str, int, plan.Plan], list[str]] = {}
 
     def cached_load(files: dict[str, bytes], rel: str, problems: list[str]) -> Any:
         key = (rel, files.get(rel))
@@ -82,11 +83,19 @@ def unchanged_files_parsed_once() -> Iterator[None]:
             validated[key] = validate(name, obs, run_plan=run_plan)
         return list(validated[key])
 
+    def cached_derive(name: str, obs: Any, *, run_plan: plan.Plan) -> list[str]:
+        # ``obs`` is the very object cached_load keeps for its file's bytes: its id names them.
+        key = (name, id(obs), run_plan)
+        if key not in derived:
+            derived[key] = derive(name, obs, run_plan=run_plan)
+        return list(derived[key])
+
     verify._load, observation.validate = cached_load, cached_validate  # type: ignore[assignment]
+    rules.derive = cached_derive
     try:
         yield
     finally:
-        verify._load, observation.validate = load, validate
+        verify._load, observation.validate, rules.derive = load, validate, derive
 
 
 @functools.cache
