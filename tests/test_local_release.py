@@ -1,12 +1,12 @@
 """The release workflow's build job, run here as written (:mod:`local_runner`) on a tag push.
 
 The build job's steps run as on a runner: the tag check, the tools, the build, twine and
-check-wheel-contents, SHA256SUMS and the uploads. Its package tests (the wheel installed with
-torch's CPU build: run, verify, the pytest plugin) are the very step ci.yml's package-boundary
-job runs on this same tree, which tests/test_local_workflow.py runs in this session: here that
-step is skipped as covered, and a test checks that it still reads the same in both workflows. The publish and github-release jobs need
-GitHub's OIDC token, PyPI's trusted publisher and the GitHub API: only a GitHub run shows them;
-tests/test_workflows.py checks what they are given.
+check-wheel-contents, SHA256SUMS and the uploads. Its package tests (the wheel alone, then
+with torch's CPU build through uvx) are the very step ci.yml's package-boundary job runs on
+this same tree, which tests/test_local_workflow.py runs in this session: here that step is
+skipped as covered, and a test checks that it still reads the same in both workflows. The
+publish and github-release jobs need GitHub's OIDC token, PyPI's trusted publisher and the
+GitHub API: only a GitHub run shows them; tests/test_workflows.py checks what they are given.
 """
 
 from __future__ import annotations

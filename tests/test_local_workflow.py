@@ -31,7 +31,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CI = REPO / ".github" / "workflows" / "ci.yml"
 # The jobs without live tests run together, then the live ones alone: on 2 cores the two quality
-# jobs take about 280 s each and the package boundary 150 s, part of it waiting on builds and
+# jobs take about 170 s each and the package boundary 110 s, part of it waiting on builds and
 # installs; the live tests (the integration jobs) keep both cores busy and have them to
 # themselves.
 PARALLEL = 3
