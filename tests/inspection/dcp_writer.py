@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 # Seconds one whole save may take at any world size, startup included (a save here takes ~5 s).
 TIMEOUT = 300.0
@@ -106,7 +107,9 @@ def _loopback() -> str | None:
     return next((n for n in names if n in ("lo", "lo0")), None)
 
 
-def _rank_main(out: Path, rank: int, world_size: int, store: Path, mib: int, tiny: bool) -> None:
+def _rank_main(
+    out: Path, rank: int, world_size: int, store: Path, mib: int, tiny: bool
+) -> NoReturn:
     from datetime import timedelta
 
     import torch
@@ -160,12 +163,19 @@ def _rank_main(out: Path, rank: int, world_size: int, store: Path, mib: int, tin
             }
             state["extra"] = {"step": 3, "name": "run-1", "nested": {"a": 1, "b": [1, 2]}}
         dcp.save(state, checkpoint_id=str(out))
-        # Every rank past the save before any tears Gloo down: a rank that destroys its group
-        # while a peer is still in the save's last collective aborts that peer ("terminate
-        # called without an active exception", exit -6; seen once in a clean-clone CI run).
         dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # Every rank is past the save, whose files are complete once it returns on every rank: the
+    # rank leaves without tearing Gloo down. A rank that destroys its group while a peer's Gloo
+    # threads still talk to it aborts that peer ("terminate called without an active
+    # exception", exit -6), which a barrier before the teardown made rarer but did not end: it
+    # recurred under load in a live run beside a busy loop. The runner's workers leave the same
+    # way (dcp_invariant.suite.worker.exit_without_teardown).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rank is not None and args.store is not None:
         _rank_main(args.out, args.rank, args.world_size, args.store, args.mib, args.tiny)
-        return 0
     if args.test_data:
         for path in regenerate_test_data():
             print(path)
