@@ -488,10 +488,8 @@ def _wait(procs: list[Any], timeout: float, lock: threading.Lock) -> bool:
                     p.kill()
             # Reaped without the lock, which cancel() takes and must get at once; reading the
             # exit codes of the ended processes then takes it for a moment only.
-            ending = [p.sentinel for p in alive]
-            while ending:
-                ended = multiprocessing.connection.wait(ending)
-                ending = [s for s in ending if s not in ended]
+            for p in alive:
+                multiprocessing.connection.wait([p.sentinel])
             with lock:
                 for p in alive:
                     p.join()
