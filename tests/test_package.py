@@ -223,8 +223,8 @@ def test_the_release_tools_accept_the_dist(
 def _user_project(home: Path) -> Path:
     project = home / "project"
     (project / "examples").mkdir(parents=True)
-    for example in ("mlp_fixture.py", "buggy_mlp_fixture.py"):
-        (project / "examples" / example).write_bytes((EXAMPLES / example).read_bytes())
+    example = "mlp_fixture.py"
+    (project / "examples" / example).write_bytes((EXAMPLES / example).read_bytes())
     return project
 
 

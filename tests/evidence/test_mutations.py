@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import synthetic
@@ -57,6 +57,12 @@ BUDGET = 8000
 PER_FIELD = 1
 
 
+class Judge(Protocol):
+    """``observation.validate`` and ``rules.derive``: the problems or reasons of one observation."""
+
+    def __call__(self, name: str, obs: Any, /, *, run_plan: plan.Plan) -> list[str]: ...
+
+
 @contextlib.contextmanager
 def unchanged_files_parsed_once() -> Iterator[None]:
     """Each edit changes one file; parsing, shape-checking and judging the others again would
@@ -65,8 +71,6 @@ def unchanged_files_parsed_once() -> Iterator[None]:
     across scenarios, derivations) runs as ``verify`` runs it."""
     load, validate, derive = verify._load, observation.validate, rules.derive
     loaded: dict[tuple[str, bytes | None], tuple[Any, list[str]]] = {}
-    validated: dict[tuple[str, int, plan.Plan], list[str]] = {}
-    derived: dict[tuple[str, int, plan.Plan], list[str]] = {}
 
     def cached_load(files: dict[str, bytes], rel: str, problems: list[str]) -> Any:
         key = (rel, files.get(rel))
@@ -77,25 +81,27 @@ def unchanged_files_parsed_once() -> Iterator[None]:
         problems += found
         return value
 
-    def cached_validate(name: str, obs: Any, *, run_plan: plan.Plan) -> list[str]:
-        key = (name, id(obs), run_plan)
-        if key not in validated:
-            validated[key] = validate(name, obs, run_plan=run_plan)
-        return list(validated[key])
-
-    def cached_derive(name: str, obs: Any, *, run_plan: plan.Plan) -> list[str]:
-        # ``obs`` is the very object cached_load keeps for its file's bytes: its id names them.
-        key = (name, id(obs), run_plan)
-        if key not in derived:
-            derived[key] = derive(name, obs, run_plan=run_plan)
-        return list(derived[key])
-
+    cached_validate, cached_derive = _per_observation(validate), _per_observation(derive)
     verify._load, observation.validate = cached_load, cached_validate  # type: ignore[assignment]
-    rules.derive = cached_derive
+    rules.derive = cached_derive  # type: ignore[assignment]
     try:
         yield
     finally:
         verify._load, observation.validate, rules.derive = load, validate, derive
+
+
+def _per_observation(judge: Judge) -> Judge:
+    """``judge`` computed once per scenario and observation. The observation is the very object
+    cached_load keeps for its file's bytes, which stays alive: its id names those bytes."""
+    kept: dict[tuple[str, int, plan.Plan], list[str]] = {}
+
+    def cached(name: str, obs: Any, *, run_plan: plan.Plan) -> list[str]:
+        key = (name, id(obs), run_plan)
+        if key not in kept:
+            kept[key] = judge(name, obs, run_plan=run_plan)
+        return list(kept[key])
+
+    return cached
 
 
 @functools.cache
