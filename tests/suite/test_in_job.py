@@ -25,10 +25,11 @@ from pathlib import Path
 import pytest
 from cli_runs import REVISION
 
-from dcp_invariant import canonical
+from dcp_invariant import canonical, plan
 from dcp_invariant.commit import CheckpointStore
 from dcp_invariant.evidence import diagnosis, schema
 from dcp_invariant.evidence.verify import verify_artifact
+from dcp_invariant.suite.torchrun import in_job
 
 pytestmark = [
     pytest.mark.live,
@@ -37,8 +38,11 @@ pytestmark = [
 
 TESTS = Path(__file__).resolve().parents[1]
 AGENT_TIMEOUT = 600
-# The rendezvous of a restarted agent waits this long for its peer before it gives up.
-RDZV_CONF = "join_timeout=30,last_call_timeout=1,close_timeout=5"
+# The rendezvous of a restarted agent waits join_timeout seconds for its peer before it gives
+# up (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py): the first rendezvous too, for
+# which both agents start together.
+JOIN_TIMEOUT = 30
+RDZV_CONF = "last_call_timeout=1,close_timeout=5"
 
 
 def _free_port() -> int:
@@ -75,6 +79,7 @@ def torchrun_job(
     name: str = "",
     resume_from: Path | None = None,
     timeout: int = 60,
+    join_timeout: int = JOIN_TIMEOUT,
 ) -> Iterator[Job]:
     """``nodes`` torchrun agents running ``in-job``; killed, sessions and all, at the end."""
     port = _free_port()
@@ -96,7 +101,8 @@ def torchrun_job(
         command = [
             *prefix, *launcher, f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint_host}:{port}",
-            f"--rdzv-id=test-{port}", f"--rdzv-conf={RDZV_CONF},is_host={node == 0}".lower(),
+            f"--rdzv-id=test-{port}",
+            f"--rdzv-conf={RDZV_CONF},join_timeout={join_timeout},is_host={node == 0}".lower(),
             f"--max-restarts={restarts}", "--monitor-interval=0.1", *local,
             "-m", "dcp_invariant", "in-job", "--fixture", fixture,
             "--checkpoint-dir", str(checkpoint), "--output-dir", str(output),
@@ -226,10 +232,11 @@ def test_a_resume_bug_fails_the_job_naming_the_cause(tmp_path: Path) -> None:
 
 
 def test_a_node_lost_after_the_save_fails_and_promotes_nothing_partial(tmp_path: Path) -> None:
-    with torchrun_job(tmp_path, nodes=2, nproc=1) as job:
+    # The survivor's restarted agent waits join_timeout for the lost node: half the default.
+    with torchrun_job(tmp_path, nodes=2, nproc=1, join_timeout=JOIN_TIMEOUT // 2) as job:
         # The first scenario's checkpoint is committed once its record is written; the second
         # scenario's save starts right after: lose node 1 then.
-        committed = job.checkpoint / "resume_2" / ".in-job" / "commit.json"
+        committed = job.checkpoint / "resume_2" / in_job.STATE_DIR / in_job.COMMIT_FILE
         deadline = time.monotonic() + AGENT_TIMEOUT
         while not committed.exists() and time.monotonic() < deadline:
             assert job.agents[0].poll() is None, job.log()
@@ -267,18 +274,49 @@ STOP_BOUND = JOB_TIMEOUT + 30 + 15.0
 INTERRUPT_SEED = 28
 SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 # When the signal goes: as the first workers start (importing torch, before any rendezvous of
-# theirs), as the restarted workers start, or a seeded number of seconds after the launch.
+# theirs), as the restarted workers start, or at a seeded point of the first attempt's progress.
 WORKERS_START, RESTART = "workers start", "restart"
 
 
-def interrupt_cases() -> list[tuple[int, str, str | float]]:
+@dataclass(frozen=True)
+class Progress:
+    """A seeded moment of the first attempt: ``after`` seconds once ``path`` (under the job's
+    checkpoint directory) exists. Tied to what the job has done, not to the clock, so it comes
+    before the restart on a fast machine and a slow one alike."""
+
+    path: str
+    after: float
+
+    def __str__(self) -> str:
+        return f"{self.path}+{self.after}"
+
+
+def _progress_marks() -> list[str]:
+    """What the first attempt of a two-node job of one process each leaves on disk, in order:
+    each scenario's state directory as its arms start, then its commit record."""
+    launch = plan.Launch(2, 1, "gloo", None)
+    scenarios = plan.in_job_plan("fixture_loops:correct", launch).scenarios
+    return [
+        mark
+        for s in scenarios
+        for mark in (
+            f"{s.name}/{in_job.STATE_DIR}",
+            f"{s.name}/{in_job.STATE_DIR}/{in_job.COMMIT_FILE}",
+        )
+    ]
+
+
+def interrupt_cases() -> list[tuple[int, str, str | Progress]]:
     """(agent, signal, moment): each agent at the workers' start, then one at the restart and
-    the other at a seeded second; each signal at least once, in a seeded order."""
+    the other at a seeded point of the first attempt; each signal at least once, in a seeded
+    order. A commit record is followed by the next scenario's arms or by the restart, each
+    seconds long, so a point up to 0.5 s after a mark still falls inside the run."""
     rng = random.Random(INTERRUPT_SEED)
     signals = [*rng.sample(SIGNALS, len(SIGNALS)), rng.choice(SIGNALS)]
     late = rng.randrange(2)
-    moments: list[tuple[int, str | float]] = [(0, WORKERS_START), (1, WORKERS_START)]
-    moments += [(late, RESTART), (1 - late, round(rng.uniform(3.0, 18.0), 1))]
+    seeded = Progress(rng.choice(_progress_marks()), round(rng.uniform(0.0, 0.5), 1))
+    moments: list[tuple[int, str | Progress]] = [(0, WORKERS_START), (1, WORKERS_START)]
+    moments += [(late, RESTART), (1 - late, seeded)]
     return [(a, s, m) for (a, m), s in zip(moments, signals, strict=True)]
 
 
@@ -299,16 +337,18 @@ def _workers(job: Job) -> dict[int, int]:
     return found
 
 
-def _wait_for_moment(job: Job, moment: str | float, deadline: float) -> bool:
+def _wait_for_moment(job: Job, moment: str | Progress, deadline: float) -> bool:
     """Wait for the moment; False if the job ended first."""
-    started = time.monotonic()
+    reached: float | None = None
     first: set[int] = set()
     while time.monotonic() < deadline:
         if any(a.poll() is not None for a in job.agents):
             return False
         workers = set(_workers(job))
-        if isinstance(moment, float):
-            if time.monotonic() - started >= moment:
+        if isinstance(moment, Progress):
+            if reached is None and (job.checkpoint / moment.path).exists():
+                reached = time.monotonic()
+            if reached is not None and time.monotonic() - reached >= moment.after:
                 return True
         elif moment == WORKERS_START and workers:
             return True
@@ -328,7 +368,7 @@ def _wait_for_moment(job: Job, moment: str | float, deadline: float) -> bool:
     ids=[f"{'AB'[a]}-{s}-{m}" for a, s, m in interrupt_cases()],
 )
 def test_an_interrupt_to_either_agent_ends_every_workers_of_both(
-    tmp_path: Path, agent: int, signame: str, moment: str | float
+    tmp_path: Path, agent: int, signame: str, moment: str | Progress
 ) -> None:
     with torchrun_job(tmp_path, nodes=2, nproc=1, timeout=JOB_TIMEOUT) as job:
         if not _wait_for_moment(job, moment, time.monotonic() + AGENT_TIMEOUT):
