@@ -37,6 +37,8 @@ def run_child(argument: str, env: dict[str, str] | None = None) -> subprocess.Co
         ("", {worker.PARENT_PID_ENV: "1"}, False),
         ("", {worker.PARENT_PID_ENV: str(os.getpid())}, True),
     ],
+    # Not the PIDs: ids must be alike in every pytest-xdist worker, each of its own PID.
+    ids=["no-parent-given", "this-pid", "pid-1", "env-pid-1", "env-this-pid"],
 )
 def test_a_worker_whose_parent_is_not_the_one_that_started_it_leaves(
     argument: str, env: dict[str, str], runs: bool
