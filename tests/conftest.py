@@ -46,10 +46,27 @@ collect_ignore = (
 JOB_REPORTS = pytest.StashKey[list[str]]()
 
 
-def record_job_report(config: pytest.Config, result: Any) -> None:
-    """Keep a local_runner.JobResult's report, with its total, for the session's summary."""
-    reports = config.stash.setdefault(JOB_REPORTS, [])
-    reports.append(f"{result.report()}\n  [{result.seconds:.0f} s in all]")
+@pytest.fixture(scope="session")
+def workflow_runs(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Any]:
+    """The jobs of the workflows this machine runs (:mod:`local_workflows`), run once, together:
+    tests/test_local_workflow.py and tests/test_local_release.py judge them. A workflow whose
+    tests this session does not run is not run."""
+    for tool in ("bash", "git", "openssl"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not on PATH")
+    import local_workflows
+
+    modules = {item.path.name for item in request.session.items}
+    root = tmp_path_factory.mktemp("workflows")
+    runs = local_workflows.run_all(
+        root, ci="test_local_workflow.py" in modules, release="test_local_release.py" in modules
+    )
+    reports = request.config.stash.setdefault(JOB_REPORTS, [])
+    reports += [f"{r.report()}\n  [{r.seconds:.0f} s in all]" for r in runs.reported()]
+    yield runs
+    shutil.rmtree(root)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -80,6 +97,24 @@ def session_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
             else:
                 os.environ[name] = value
         tempfile.tempdir = None
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[Any]:
+    """A world of one in this process (an in-memory store, no other process), as a worker of
+    world size 1 has: a DTensor's device mesh and a fixture's DDP need a process group. Yields
+    that world's device mesh."""
+    torch = pytest.importorskip("torch")
+    dist = torch.distributed
+    if not dist.is_available():
+        pytest.skip("this torch build has no torch.distributed")
+    from torch.distributed.device_mesh import DeviceMesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield DeviceMesh("cpu", [0])
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture

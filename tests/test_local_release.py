@@ -1,4 +1,5 @@
-"""The release workflow's build job, run here as written (:mod:`local_runner`) on a tag push.
+"""The release workflow's build job, run here as written (:mod:`local_workflows`) on a tag push,
+beside ci.yml's jobs.
 
 The build job's steps run as on a runner: the tag check, the tools, the build, twine and
 check-wheel-contents, SHA256SUMS and the uploads. Its package tests (the wheel alone, then
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,6 @@ import pytest
 
 from dcp_invariant import __version__
 
-REPO = Path(__file__).resolve().parents[1]
-RELEASE = REPO / ".github" / "workflows" / "release.yml"
-CI = REPO / ".github" / "workflows" / "ci.yml"
 PACKAGE_STEP = "Install the wheel and run it"
 
 pytestmark = [
@@ -36,59 +33,33 @@ pytestmark = [
 ]
 
 
-def _build_job(tag: str, root: Path) -> Any:
-    import local_runner
-    import local_torch_index
+def _release(runs: Any, which: str) -> tuple[Any, Path]:
+    """The build job's result on a push of the version's tag or of another, and what it
+    uploaded."""
+    import local_workflows
 
-    for tool in ("bash", "git", "openssl"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not on PATH")
-    [build] = [j for j in local_runner.expand(local_runner.load_yaml(RELEASE)) if j.key == "build"]
-    with local_torch_index.serve(root / "index") as served:
-        runner = local_runner.Runner(
-            REPO,
-            root / "run",
-            served.environment(),
-            ref=f"refs/tags/{tag}",
-            workflow="release",
-            covered=_package_steps(),
-        )
-        return runner.run(build), runner.uploads.directory
-
-
-def _package_steps() -> dict[str, str]:
-    """The package-boundary job's steps, by their ``run:`` text."""
-    import local_runner
-
-    [package] = [
-        j for j in local_runner.expand(local_runner.load_yaml(CI)) if j.key == "package-boundary"
+    run = runs.release[
+        {"version": local_workflows.VERSION_TAG, "other": local_workflows.OTHER_TAG}[which]
     ]
-    return {
-        step["run"]: "ci.yml's package-boundary job (tests/test_local_workflow.py)"
-        for step in package.spec["steps"]
-        if "run" in step and not step.get("env")
-    }
+    if isinstance(run.outcome, BaseException):
+        raise run.outcome
+    if run.outcome.skipped:
+        pytest.skip(run.outcome.skipped)
+    return run.outcome, run.uploads
 
 
 def test_the_release_build_jobs_package_tests_are_the_package_jobs() -> None:
     """What the skip above rests on: the release's package tests are ci.yml's, word for word."""
-    import local_runner
+    import local_workflows
 
-    [build] = [j for j in local_runner.expand(local_runner.load_yaml(RELEASE)) if j.key == "build"]
+    build = local_workflows.release_build_job()
     [step] = [s for s in build.spec["steps"] if s.get("name") == PACKAGE_STEP]
-    assert not step.get("env") and step["run"] in _package_steps()
+    assert not step.get("env") and step["run"] in local_workflows.package_steps()
 
 
-def test_the_release_build_job_passes_on_the_versions_tag(
-    tmp_path: Path, pytestconfig: pytest.Config
-) -> None:
-    from conftest import record_job_report
-
-    result, uploads = _build_job(f"v{__version__}", tmp_path)
-    if result.skipped:
-        pytest.skip(result.skipped)
+def test_the_release_build_job_passes_on_the_versions_tag(workflow_runs: Any) -> None:
+    result, uploads = _release(workflow_runs, "version")
     print(result.report())
-    record_job_report(pytestconfig, result)
 
     assert result.passed, f"{result.report()}\n{result.failures()}"
     skipped = {s.name: s.note for s in result.steps if s.outcome == "skipped"}
@@ -106,11 +77,9 @@ def test_the_release_build_job_passes_on_the_versions_tag(
 
 
 def test_a_tag_that_is_not_the_version_stops_the_release_before_the_build(
-    tmp_path: Path,
+    workflow_runs: Any,
 ) -> None:
-    result, uploads = _build_job("v0.0.0-not-the-version", tmp_path)
-    if result.skipped:
-        pytest.skip(result.skipped)
+    result, uploads = _release(workflow_runs, "other")
     outcomes = {s.name: s.outcome for s in result.steps}
 
     assert outcomes["The tag is the package's version"] == "failure"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,22 +130,6 @@ def test_gather_flattens_and_detaches_every_tensor() -> None:
     assert not gathered["app.model.w"].requires_grad
     assert torch.equal(gathered["app.model.w"], weight.detach())
     assert gathered["app.step"] == 4
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[Any]:
-    """A world of one in this process (an in-memory store, no other process): a DTensor's
-    device mesh needs a process group."""
-    dist = torch.distributed
-    if not dist.is_available():
-        pytest.skip("this torch build has no torch.distributed")
-    from torch.distributed.device_mesh import DeviceMesh
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield DeviceMesh("cpu", [0])
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_dtensor_is_recorded_as_its_global_value(one_rank_group: Any) -> None:

@@ -94,6 +94,47 @@ def test_src_already_on_the_path_is_not_suggested_again(
     assert message.endswith("check the name, run where dcpi_src_again is, or install it")
 
 
+# The CLI's one line and exit 2 for such a module are shown end to end in test_fixture_live.py.
+@pytest.mark.parametrize(
+    ("source", "attr", "message"),
+    [
+        (
+            "def fixture(rank, world_size):\n    pass\n",
+            "no_such_name",
+            "has no attribute 'no_such_name'",
+        ),
+        ("SEED = 1234\n", "SEED", "'SEED' is not callable"),
+        (
+            "def needs_width(rank, world_size, width):\n    pass\n",
+            "needs_width",
+            "needs_width(rank, world_size, width) cannot be called as needs_width(rank, "
+            "world_size) (missing a required argument: 'width'); pass its other parameters "
+            "with --fixture-arg NAME=VALUE",
+        ),
+        (
+            "import os\nimport nonexistent_pkg_for_dcp_invariant\n",
+            "fixture",
+            "failed: {path}:2: ModuleNotFoundError: No module named "
+            "'nonexistent_pkg_for_dcp_invariant'; install nonexistent_pkg_for_dcp_invariant",
+        ),
+        (
+            "X = 1\n\nraise RuntimeError('no config')\n",
+            "fixture",
+            "failed: {path}:3: RuntimeError: no config; fix the module so that 'import",
+        ),
+    ],
+    ids=["no-such-name", "not-callable", "needs-an-argument", "missing-dependency", "raises"],
+)
+def test_a_module_or_callable_outside_the_interface_is_named_with_the_fix(
+    project: Path, request: pytest.FixtureRequest, source: str, attr: str, message: str
+) -> None:
+    # A module name of its own per case: an imported module stays in sys.modules.
+    name = "dcpi_" + re.sub(r"\W", "_", request.node.callspec.id)
+    (project / f"{name}.py").write_text(source, encoding="utf-8")
+    path = (project / f"{name}.py").resolve()
+    assert message.format(path=path) in refusal(f"{name}:{attr}")
+
+
 @pytest.mark.parametrize(
     ("spec", "arguments", "message"),
     [

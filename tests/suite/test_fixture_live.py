@@ -8,6 +8,7 @@ console and the artifact as a user sees them.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from cli_runs import REVISION, run_cli
 
+import dcp_invariant
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import rules, schema
 from dcp_invariant.evidence.verify import verify_artifact
@@ -142,6 +144,27 @@ def test_the_example_artifact_verifies_offline_and_records_every_key(
     assert any(".momentum_buffer" in key for key in saved), sorted(saved)
     loaded = [r["loaded"] for r in obs["target"]["ranks"]]
     assert loaded == [r["saved"] for r in obs["reference"]["ranks"]]
+
+
+def test_check_writes_what_the_cli_wrote_for_the_example(
+    example_run: ExampleRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One code path, and a run that repeats itself: check()'s artifact is the CLI's, byte for
+    byte, every file of it (observations, verdicts, provenance, manifest)."""
+    cli, _ = example_run
+    monkeypatch.syspath_prepend(str(REPOSITORY))  # where the CLI run found examples/
+    # Given as the callable, which check() names as the CLI's MODULE:CALLABLE.
+    fixture = importlib.import_module("examples.mlp_fixture").fixture
+    report = dcp_invariant.check(fixture, output_dir=tmp_path / "api", source_revision=REVISION)
+
+    assert report.passed, str(report)
+    assert report.artifact == tmp_path / "api"
+    assert [r.verdict for r in report.results.values()] == ["pass"] * len(report.results)
+    assert report.diagnoses == ()
+    names = verify_artifact(cli).run_plan.names
+    assert tuple(report.results) == names
+    for rel in schema.artifact_files(names):
+        assert (report.artifact / rel).read_bytes() == (cli / rel).read_bytes(), rel
 
 
 # --- one buggy loop per cause; each diagnosis names the key or the cause ----------------------
@@ -323,41 +346,18 @@ def test_fixture_arguments_reach_the_fixture_and_the_plan(tmp_path: Path) -> Non
 # --- what the user did wrong: bad input exits 2 before any scenario ---------------------------
 
 
+# Once for each place bad input is found: the fixture's module, imported before any scenario,
+# and its app, probed in a worker. Each kind of problem is named in the tests of what finds it:
+# tests/suite/test_fixture.py (the module and the callable), tests/ranks/test_fixture_tasks.py
+# (the probe) and tests/ranks/test_state_keys.py (what DCP cannot save).
 @pytest.mark.parametrize(
     ("fixture", "message"),
     [
         ("no_such_module:fixture", "cannot import 'no_such_module'"),
-        ("fixture_loops:no_such_name", "has no attribute 'no_such_name'"),
-        ("fixture_loops:SEED", "'SEED' is not callable"),
-        (
-            "fixture_loops:needs_width",
-            "needs_width(rank, world_size, width) cannot be called as needs_width(rank, "
-            "world_size) (missing a required argument: 'width'); pass its other parameters "
-            "with --fixture-arg NAME=VALUE",
-        ),
-        ("fixture_loops:no_step", "lacks step()"),
-        ("fixture_loops:not_a_mapping", "state_dict() returned a list, not a mapping"),
-        ("fixture_loops:bad_loss", "step() returned nan, expected a finite float"),
-        # What DCP cannot save (measured with dcp.save at world size 1), named by key.
         (
             "fixture_loops:sparse_state",
             "state_dict() holds app.extra.value, a sparse tensor (layout torch.sparse_coo, "
             "device cpu), which DCP cannot save",
-        ),
-        (
-            "fixture_loops:meta_state",
-            "state_dict() holds app.extra.value, a tensor on the meta device (layout "
-            "torch.strided, device meta), which DCP cannot save",
-        ),
-        (
-            "fixture_loops:expanded_state",
-            "state_dict() holds app.extra.value, an expanded tensor (layout torch.strided, "
-            "device cpu, strides [0]), which DCP saves but cannot load into",
-        ),
-        (
-            "fixture_loops:nested_state",
-            "state_dict() holds app.extra.value, a nested tensor (layout torch.jagged, device "
-            "cpu), which DCP cannot save",
         ),
     ],
 )
@@ -374,34 +374,17 @@ def test_a_fixture_outside_the_interface_is_one_line_and_exit_2(
     assert not out.exists()
 
 
-@pytest.mark.parametrize(
-    ("source", "line", "message"),
-    [
-        (
-            "import torch\n\ndef fixture(rank, world_size)\n    return None\n",
-            3,
-            "SyntaxError: expected ':'",
-        ),
-        (
-            "import os\nimport nonexistent_pkg_for_dcp_invariant\n",
-            2,
-            "ModuleNotFoundError: No module named 'nonexistent_pkg_for_dcp_invariant'",
-        ),
-        ("X = 1\n\nraise RuntimeError('no config')\n", 3, "RuntimeError: no config"),
-    ],
-    ids=["syntax-error", "missing-dependency", "raises-at-import"],
-)
-def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(
-    tmp_path: Path, source: str, line: int, message: str
-) -> None:
+def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    # The other ways an import fails are in tests/suite/test_fixture.py.
+    source = "import torch\n\ndef fixture(rank, world_size)\n    return None\n"
     (tmp_path / "broken_fixture.py").write_text(source)
     out = tmp_path / "out"
     proc = run_fixture("broken_fixture:fixture", out, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dcp-invariant: error: "), proc.stderr
-    where = f"{(tmp_path / 'broken_fixture.py').resolve()}:{line}: "
-    assert f"importing 'broken_fixture' failed: {where}{message}" in lines[0], lines[0]
+    where = f"{(tmp_path / 'broken_fixture.py').resolve()}:3: "
+    assert f"importing 'broken_fixture' failed: {where}SyntaxError: expected ':'" in lines[0]
     assert "Traceback" not in proc.stderr
     assert not out.exists()
 
@@ -476,7 +459,7 @@ def test_checked_in_fixture_artifact_still_matches_a_fresh_run(
     CPU is compared: every verdict, key, shape, count and commit record exactly, and in the
     observations every value that float arithmetic produced (losses, digests of float tensors
     and of checkpoint bytes) as present, not by its bits. That a run's bytes repeat on one
-    machine is tested in test_python_api_live.py (check() and the CLI write identical artifacts).
+    machine is tested above (check() and the CLI write identical artifacts).
     """
     out, proc = example_run
     assert proc.returncode == 0, proc.stderr

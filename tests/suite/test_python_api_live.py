@@ -1,5 +1,6 @@
-"""dcp_invariant.check() for real: the artifact the CLI writes, a report that names the cause,
-and the pytest plugin in a pytest of its own (a user's test suite)."""
+"""dcp_invariant.check() for real: a report that names the cause, and the pytest plugin in a
+pytest of its own (a user's test suite). That check() writes the CLI's artifact is tested in
+test_fixture_live.py, beside the CLI run it compares with."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_runs import REVISION, run_cli
+from cli_runs import REVISION
 
 import dcp_invariant
 from dcp_invariant.evidence import diagnosis, schema
@@ -21,31 +22,6 @@ pytestmark = pytest.mark.live
 TESTS = Path(__file__).resolve().parents[1]
 EXAMPLES = TESTS.parent / "examples"
 PYTEST_TIMEOUT = 1200
-
-
-def test_check_passes_a_correct_loop_and_writes_what_the_cli_writes(tmp_path: Path) -> None:
-    import fixture_loops
-
-    report = dcp_invariant.check(
-        fixture_loops.correct, output_dir=tmp_path / "api", source_revision=REVISION
-    )
-    cli = run_cli(
-        "run", "--fixture", "fixture_loops:correct", "--output-dir", str(tmp_path / "cli"),
-        "--source-revision", REVISION, cwd=TESTS,
-    )  # fmt: skip
-
-    assert report.passed, str(report)
-    assert report.artifact == tmp_path / "api"
-    assert verify_artifact(report.artifact).passed
-    assert [r.verdict for r in report.results.values()] == ["pass"] * len(report.results)
-    assert report.diagnoses == ()
-    assert cli.returncode == 0, cli.stdout + cli.stderr
-    names = verify_artifact(tmp_path / "cli").run_plan.names
-    assert tuple(report.results) == names
-    # One code path, and a run that repeats itself: the API's artifact is the CLI's, byte for
-    # byte, every file of it (observations, verdicts, provenance, manifest).
-    for rel in schema.artifact_files(names):
-        assert (report.artifact / rel).read_bytes() == (tmp_path / "cli" / rel).read_bytes(), rel
 
 
 def test_check_of_a_buggy_loop_ranks_the_cause_and_keeps_the_evidence(tmp_path: Path) -> None:
