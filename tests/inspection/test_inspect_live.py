@@ -19,7 +19,9 @@ from metadata_pickler import dumps
 from dcp_invariant.inspection import inspect_checkpoint, metadata, records
 from dcp_invariant.inspection.errors import MetadataProblem
 
-pytestmark = pytest.mark.live
+# Every test reads the checkpoints the module writes once: one pytest-xdist worker runs them all
+# (--dist loadgroup).
+pytestmark = [pytest.mark.live, pytest.mark.xdist_group("inspect_written")]
 
 WORLD_SIZES = (1, 2, 4)
 CLI_TIMEOUT = 120

@@ -28,6 +28,9 @@ from dcp_invariant.evidence.verify import verify_artifact
 from dcp_invariant.suite import runner
 
 pytestmark = pytest.mark.live
+# The tests of the module's one run go to one pytest-xdist worker (--dist loadgroup), so that
+# run is made once.
+SHARES_EXAMPLE_RUN = pytest.mark.xdist_group("example_run")
 
 TESTS = Path(__file__).resolve().parent.parent
 REPOSITORY = TESTS.parent
@@ -97,6 +100,7 @@ def example_run(
     return out, proc
 
 
+@SHARES_EXAMPLE_RUN
 def test_the_example_fixture_holds_at_every_world_size(
     example_run: ExampleRun,
 ) -> None:
@@ -131,6 +135,7 @@ def test_the_example_fixture_holds_at_every_world_size(
     assert files == list(schema.artifact_files(names))
 
 
+@SHARES_EXAMPLE_RUN
 def test_the_example_artifact_verifies_offline_and_records_every_key(
     example_run: ExampleRun,
 ) -> None:
@@ -146,6 +151,7 @@ def test_the_example_artifact_verifies_offline_and_records_every_key(
     assert loaded == [r["saved"] for r in obs["reference"]["ranks"]]
 
 
+@SHARES_EXAMPLE_RUN
 def test_check_writes_what_the_cli_wrote_for_the_example(
     example_run: ExampleRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -438,7 +444,7 @@ def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path: Path) -> N
 
 
 def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_path: Path) -> None:
-    proc = run_fixture("fixture_loops:hangs", tmp_path / "out", "--timeout", "15")
+    proc = run_fixture("fixture_loops:hangs", tmp_path / "out", "--timeout", "10")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert (
         "timeout: uninterrupted run (reference): timed out and was killed; if the loop is that "
@@ -448,6 +454,7 @@ def test_a_fixture_that_hangs_fails_with_a_timeout_and_leaves_no_process(tmp_pat
     assert (summary["passed"], summary["failed"]) == (0, 4)  # resume_1 and the async resumes
 
 
+@SHARES_EXAMPLE_RUN
 def test_checked_in_fixture_artifact_still_matches_a_fresh_run(
     example_run: ExampleRun,
 ) -> None:

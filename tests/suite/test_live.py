@@ -27,6 +27,9 @@ from dcp_invariant.evidence.verify import verify_artifact
 from dcp_invariant.suite import pool, runner
 
 pytestmark = pytest.mark.live
+# The tests of the module's one run go to one pytest-xdist worker (--dist loadgroup), so that
+# run is made once.
+SHARES_LIVE_RUN = pytest.mark.xdist_group("live_run")
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +60,7 @@ def live_artifact(live_run: tuple[Path, subprocess.CompletedProcess[str]]) -> Pa
     return out
 
 
+@SHARES_LIVE_RUN
 def test_all_eleven_scenarios_pass_and_report_progress(
     live_run: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -72,6 +76,7 @@ def test_all_eleven_scenarios_pass_and_report_progress(
     ) == list(schema.ARTIFACT_FILES)
 
 
+@SHARES_LIVE_RUN
 def test_live_artifact_verifies_offline(live_artifact: Path) -> None:
     proc = run_cli("verify", str(live_artifact))
     assert proc.returncode == 0, proc.stdout
@@ -86,6 +91,7 @@ def test_live_artifact_verifies_offline(live_artifact: Path) -> None:
         assert check.returncode == 0, check.stdout
 
 
+@SHARES_LIVE_RUN
 def test_a_second_run_with_spawned_workers_gives_byte_identical_evidence(
     live_artifact: Path, tmp_path: Path
 ) -> None:
@@ -130,6 +136,7 @@ def test_a_worker_that_cannot_import_numpy_stops_the_run_before_any_scenario(
     assert not out.exists()
 
 
+@SHARES_LIVE_RUN
 def test_evidence_names_no_path_host_user_or_process(live_artifact: Path) -> None:
     text = "\n".join(
         (live_artifact / rel).read_text(encoding="utf-8") for rel in schema.ARTIFACT_FILES
@@ -147,6 +154,7 @@ def test_evidence_names_no_path_host_user_or_process(live_artifact: Path) -> Non
     assert not re.search(r'"(port|host|time|duration|seconds)"', text)
 
 
+@SHARES_LIVE_RUN
 def test_elastic_restart_is_observed_as_torchrun_reported_it(live_artifact: Path) -> None:
     obs = canonical.loads(
         (live_artifact / schema.observation_file("elastic_restart_2_to_2")).read_bytes()
@@ -331,6 +339,7 @@ def test_guarded_store_serves_only_create_tcp_store() -> None:
     assert "refused: the guarded TCPStore was called from <module>" in proc.stdout
 
 
+@SHARES_LIVE_RUN
 def test_checked_in_artifact_still_matches_a_fresh_run(
     live_artifact: Path, data_artifact: Path
 ) -> None:
