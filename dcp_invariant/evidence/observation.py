@@ -79,7 +79,7 @@ def _label_order(
 ) -> list[str]:
     """Receipt and pointer labels must be numbered in the order the driver first met each digest.
 
-    The driver's interner (``Interner`` in dcp_invariant/suite/scenarios/common.py) hands out
+    The driver's interner (``Interner`` in dcp_invariant/suite/scenarios/commits.py) hands out
     ``<kind>-1``, ``<kind>-2``, ... per scenario as digests first appear: for each commit the
     pointer before, the receipt, the pointer after; then each loading rank's generation in rank
     order; then, for the restart, the receipt and the pointer it re-resolved.

@@ -39,7 +39,7 @@ def derive(name: str, obs: Obs, *, run_plan: plan.Plan) -> list[str]:
 def _sealing(commit: CommitRecord, where: str) -> list[str]:
     """A seal either succeeded, with a receipt and no error, or failed, with an error and no
     receipt: the driver records exactly one of the two (``commit`` in
-    dcp_invariant/suite/scenarios/common.py)."""
+    dcp_invariant/suite/scenarios/commits.py)."""
     has_receipt, has_error = commit["receipt"] is not None, commit["seal_error"] is not None
     if commit["sealed"] and (not has_receipt or has_error):
         return [f"{where}: sealed, yet {'with a seal error' if has_error else 'without a receipt'}"]

@@ -6,9 +6,6 @@ commit protocol on what the workers wrote, and assemble the observation record.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,17 +14,15 @@ from typing import Any
 
 from dcp_invariant import plan
 from dcp_invariant.canonical import CanonicalJSONError
-from dcp_invariant.commit import CheckpointStore, CommitError, PromotionRefused, SealError
-from dcp_invariant.commit.errors import Failure as StoreFailure
+from dcp_invariant.commit import CheckpointStore, CommitError
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.families.records import (
     CommitRecord,
-    Failure,
-    FileSize,
     GroupRecord,
     ObservationBase,
 )
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
+from dcp_invariant.suite.scenarios.commits import Interner, commit, pointer_label
 from dcp_invariant.suite.scenarios.payloads import (
     LOADS,
     TRAIN_AND_SAVE,
@@ -44,40 +39,6 @@ EMPTY_GROUP: GroupRecord = {"exit_codes": [], "timed_out": False, "ranks": []}
 # Failures of the protocol or of what workers left on disk: the scenario records them and fails,
 # the rest of the suite goes on. Anything else is a bug in this package and stops the run.
 DRIVER_ERRORS = (CommitError, CanonicalJSONError, OSError, KeyError)
-
-
-class Interner:
-    """Stable labels for digests that differ between runs (receipts, pointers).
-
-    DCP writes a fresh UUID into every ``.metadata``, so receipt digests change from run to run;
-    their equalities do not. Labels are handed out in order of first appearance.
-    """
-
-    def __init__(self) -> None:
-        self._labels: dict[tuple[str, str], str] = {}
-        self._counts: dict[str, int] = {}
-
-    @property
-    def met(self) -> list[tuple[str, str]]:
-        """``(kind, digest)`` in the order first met: :meth:`replayed` hands out the same labels."""
-        return list(self._labels)
-
-    @classmethod
-    def replayed(cls, met: list[tuple[str, str]]) -> Interner:
-        """An interner that has met ``met`` already, in that order (a process restarted since)."""
-        interner = cls()
-        for kind, digest in met:
-            interner(kind, digest)
-        return interner
-
-    def __call__(self, kind: str, digest: str | None) -> str | None:
-        if digest is None:
-            return None
-        key = (kind, digest)
-        if key not in self._labels:
-            self._counts[kind] = self._counts.get(kind, 0) + 1
-            self._labels[key] = f"{kind}-{self._counts[kind]}"
-        return self._labels[key]
 
 
 @dataclass
@@ -208,71 +169,3 @@ class ScenarioContext:
     def commit(self, label: str, damage: Callable[[Path], None] | None = None) -> CommitRecord:
         """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it."""
         return commit(self.store, label, self.intern, damage)
-
-
-def pointer_label(store: CheckpointStore, intern: Interner) -> str | None:
-    raw = store.pointer_bytes()
-    return intern("pointer", None if raw is None else hashlib.sha256(raw).hexdigest())
-
-
-def commit(
-    store: CheckpointStore,
-    label: str,
-    intern: Interner,
-    damage: Callable[[Path], None] | None = None,
-) -> CommitRecord:
-    """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it; the
-    commit record, with digests as ``intern`` labels them."""
-    # The fields after the attempt (candidate_retained, pointer_after, generations_after)
-    # are read once it is over; a driver error before then returns no record at all.
-    record: CommitRecord = {
-        "label": label,
-        "sealed": False,
-        "seal_error": None,
-        "receipt": None,
-        "files": _listing(store.candidate(label)),
-        "promoted": False,
-        "refused": [],
-        "candidate_retained": False,
-        "pointer_before": pointer_label(store, intern),
-        "pointer_after": None,
-        "generations_before": len(store.generation_names()),
-        "generations_after": 0,
-    }
-    try:
-        sealed = store.seal(label)
-    except SealError as exc:
-        record["seal_error"] = str(exc)
-    else:
-        record["sealed"] = True
-        record["receipt"] = intern("receipt", sealed.digest)
-        record["files"] = [{"path": f.path, "size": f.size} for f in sealed.files]
-        if damage is not None:
-            damage(store.candidate(label))
-        try:
-            store.promote(label)
-        except PromotionRefused as exc:
-            record["refused"] = _failures(exc.failures)
-        else:
-            record["promoted"] = True
-    record["candidate_retained"] = store.candidate(label).is_dir()
-    record["pointer_after"] = pointer_label(store, intern)
-    record["generations_after"] = len(store.generation_names())
-    return record
-
-
-def _failures(failures: list[StoreFailure]) -> list[Failure]:
-    """The protocol's failures as a commit record holds them (``Failure.to_record``, typed)."""
-    return [{"path": f.path, "reason": f.reason} for f in failures]
-
-
-def _listing(directory: Path) -> list[FileSize]:
-    """Regular files in a candidate that could not be sealed: what a crashed writer left."""
-    if not directory.is_dir():
-        return []
-    out: list[FileSize] = []
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode):
-            out.append({"path": entry.name, "size": st.st_size})
-    return out

@@ -43,7 +43,8 @@ from dcp_invariant import canonical, plan, regular_file, runtimes
 from dcp_invariant.commit import CheckpointStore, durable
 from dcp_invariant.errors import InJobError
 from dcp_invariant.evidence.families.records import GroupRecord
-from dcp_invariant.suite.scenarios.common import STORE_ROOT, Interner, commit
+from dcp_invariant.suite.scenarios.commits import Interner, commit
+from dcp_invariant.suite.scenarios.common import STORE_ROOT
 from dcp_invariant.suite.scenarios.payloads import FixtureResume, FixtureTrain
 from dcp_invariant.suite.scenarios.resume import REFERENCE_SNAPSHOTS
 
