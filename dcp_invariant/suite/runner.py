@@ -30,6 +30,7 @@ from dcp_invariant.suite.console import Log
 from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool
 from dcp_invariant.suite.scenarios import DRIVERS, payloads
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.host import PoolHost
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import Workspace
 
@@ -124,7 +125,7 @@ def run_suite(
             runtimes.require(distribution, versions["torch"])
             if run_plan.kind == "fixture":
                 _probe_fixture(pool, workspace / "fixture-probe", fixture, run_plan)
-            shared = SharedGroups(workspace / "shared", STORE_ROOT)
+            host = PoolHost(pool, SharedGroups(workspace / "shared", STORE_ROOT))
 
             begun: list[str] = []
 
@@ -137,15 +138,14 @@ def run_suite(
                 scenario = run_plan.scenario(name)
                 workdir = workspace / name
                 workdir.mkdir()
-                ctx = ScenarioContext(scenario, pool, workdir, fixture, run_plan, shared=shared)
+                ctx = ScenarioContext(scenario, host, workdir, fixture, run_plan)
                 obs = DRIVERS[scenario.family](ctx)
                 if pool.cancelled:
                     raise Cancelled("the run is being interrupted")  # its outcome means nothing
                 _refuse_environment_failures(ctx)
                 elapsed = time.monotonic() - started
+                obs = ctx.finished(obs)
                 left_running = ctx.left_running_record()
-                if run_plan.kind == "fixture":
-                    obs["left_running"] = left_running
                 reasons = rules.derive(name, obs, run_plan=run_plan)
                 logs = [] if not reasons else _logs(ctx)
                 with lock:

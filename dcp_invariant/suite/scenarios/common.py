@@ -1,12 +1,13 @@
 """Driver-side pieces every scenario shares: its workspace, its worker groups, its commits.
 
-Drivers run in the runner process and never import torch; they start worker groups, run the
-commit protocol on what the workers wrote, and assemble the observation record.
+Drivers never import torch; they start worker groups, run the commit protocol on what the
+workers wrote, and assemble the observation record. They ask all of that of the scenario's
+:class:`.host.Host`: the runner's worker pool, or the ranks of the user's torchrun job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +22,9 @@ from dcp_invariant.evidence.families.records import (
     GroupRecord,
     ObservationBase,
 )
-from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
-from dcp_invariant.suite.scenarios.commits import Interner, commit, pointer_label
+from dcp_invariant.suite.pool import GroupOutcome
+from dcp_invariant.suite.scenarios.commits import Interner, pointer_label
+from dcp_invariant.suite.scenarios.host import Damage, Host
 from dcp_invariant.suite.scenarios.payloads import (
     LOADS,
     TRAIN_AND_SAVE,
@@ -31,10 +33,12 @@ from dcp_invariant.suite.scenarios.payloads import (
     PlannedSave,
     TrainAndSave,
 )
-from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import ENVIRONMENT_ERRNOS, environment_problem
 
 STORE_ROOT = "ckpt"  # relative to the workspace: checkpoint ids never carry an absolute path
+# The values at each phase of the arm whose save a later group loads and compares with: a
+# resume's uninterrupted arm, a reshard's source (in a torchrun job, the first launch's arm).
+REFERENCE_SNAPSHOTS = "snapshots/reference"
 EMPTY_GROUP: GroupRecord = {"exit_codes": [], "timed_out": False, "ranks": []}
 # Failures of the protocol or of what workers left on disk: the scenario records them and fails,
 # the rest of the suite goes on. Anything else is a bug in this package and stops the run.
@@ -44,18 +48,19 @@ DRIVER_ERRORS = (CommitError, CanonicalJSONError, OSError, KeyError)
 @dataclass
 class ScenarioContext:
     scenario: plan.Scenario
-    pool: WorkerPool
+    host: Host
     workdir: Path
     fixture: str
     run_plan: plan.Plan
     intern: Interner = field(default_factory=Interner)
-    shared: SharedGroups | None = None  # None: every group runs for this scenario alone
     outcomes: list[tuple[str, GroupOutcome]] = field(default_factory=list)
     tasks_run: list[str] = field(default_factory=list)
     # What the console shows about a failure and the evidence must not hold (paths, digests).
     notes: list[str] = field(default_factory=list)
     # Per group, the programs its processes left running (killed when it ended).
     stragglers: dict[str, set[str]] = field(default_factory=dict)
+    # Errors the host found that no driver sees (a rank of a job that read another pointer).
+    host_errors: list[str] = field(default_factory=list)
 
     @property
     def store(self) -> CheckpointStore:
@@ -70,10 +75,7 @@ class ScenarioContext:
         then gets that group's outcome and a copy of its store (:mod:`.shared_groups`).
         """
         self.tasks_run.append(call.task)
-        if shareable and self.shared is not None:
-            outcome = self.shared.run(self.pool, call, world_size, self.workdir, name)
-        else:
-            outcome = self.pool.run_group(call, world_size, self.workdir, name)
+        outcome = self.host.group(name, call, world_size, self.workdir, shareable=shareable)
         self.outcomes.append((name, outcome))
         self.left_running(name, outcome.stragglers)
         return outcome
@@ -166,6 +168,24 @@ class ScenarioContext:
         obs["commit"] = self.commit(label)
         return bool(obs["commit"]["promoted"])
 
-    def commit(self, label: str, damage: Callable[[Path], None] | None = None) -> CommitRecord:
+    def commit(self, label: str, damage: Damage | None = None) -> CommitRecord:
         """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it."""
-        return commit(self.store, label, self.intern, damage)
+        record, errors = self.host.commit(self.store, label, self.intern, damage)
+        self.host_errors += errors
+        return record
+
+    def restart(self) -> None:
+        """The groups after this one run in processes that ran none before (:meth:`.Host.restart`)."""
+        self.host.restart()
+
+    def written(self, name: str) -> str:
+        """How a task finds ``name``, a file this scenario's groups wrote (a store, snapshots)."""
+        return self.host.written(self.workdir, name)
+
+    def finished(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """The driver's observation as either host records it: with the errors the host found
+        and, for a user's fixture, what the scenario's groups left running."""
+        obs["errors"] += self.host_errors
+        if self.run_plan.kind != "registered":
+            obs["left_running"] = self.left_running_record()
+        return obs

@@ -22,6 +22,7 @@ from dcp_invariant.commit import ReceiptMismatch, StoreError
 from dcp_invariant.suite import reaper, worker
 from dcp_invariant.suite.pool import WorkerPool, kill_process_tree, reap_group
 from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.host import PoolHost
 from dcp_invariant.suite.scenarios.payloads import Elastic
 from dcp_invariant.suite.torchrun import guard
 from dcp_invariant.suite.torchrun.elastic_rank import MARKER_FILE, attempt_group
@@ -50,8 +51,10 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         if not ctx.commit_baseline(obs):
             return obs
 
+        # torchrun is started from this machine: the family runs on the worker pool only.
+        assert isinstance(ctx.host, PoolHost), "elastic runs on this machine's worker pool"
         exit_code, timed_out, left = _torchrun(
-            ctx.workdir, ctx.fixture, ctx.run_plan.arguments, ctx.pool
+            ctx.workdir, ctx.fixture, ctx.run_plan.arguments, ctx.host.pool
         )
         # Each resumed rank (worker.run) kills and names its own children; the job's token
         # finds what escaped them.

@@ -4,6 +4,9 @@ Loaded must equal saved key by key (DTensors by global value), and every saved k
 loaded by some rank. The K steps afterwards are not compared with the uninterrupted run at a: a
 step at another world size reduces partial sums in another order, so its last bits legitimately
 differ; nor with each other, as each rank's data and loss may be its own.
+
+In a torchrun job (``in-job --resume-from``) the source is the first launch's uninterrupted arm
+of ``resume_<a>`` up to its save, and its commit; the second launch's ranks load that.
 """
 
 from __future__ import annotations
@@ -11,15 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant.evidence.families.records import GroupRecord
-from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.payloads import (
     FIXTURE_RESUME,
     FIXTURE_TRAIN,
     FixtureResume,
     FixtureTrain,
 )
-
-SOURCE_SNAPSHOTS = "snapshots/source"
 
 
 def train_payload(
@@ -41,7 +42,7 @@ def left_out(ctx: ScenarioContext) -> list[str]:
     return list(ctx.run_plan.rank_local) if sc.source_world_size != sc.target_world_size else []
 
 
-def resume_group(ctx: ScenarioContext, snapshots: str, *, compare_steps: bool) -> GroupRecord:
+def resume_group(ctx: ScenarioContext, *, compare_steps: bool) -> GroupRecord:
     """Fresh ranks at the target world size load through the pointer and take K steps."""
     sc = ctx.scenario
     payload: FixtureResume = {
@@ -49,10 +50,10 @@ def resume_group(ctx: ScenarioContext, snapshots: str, *, compare_steps: bool) -
         "fixture": ctx.fixture,
         "fixture_args": ctx.run_plan.arguments,
         "rank_local": left_out(ctx),
-        "reference": snapshots,
+        "reference": ctx.written(REFERENCE_SNAPSHOTS),
         "source_world_size": sc.source_world_size,
         "steps_after": ctx.run_plan.steps_after,
-        "store": STORE_ROOT,
+        "store": ctx.written(STORE_ROOT),
     }
     target = ctx.group("target", FIXTURE_RESUME(payload), sc.target_world_size)
     return ctx.target_record(target)
@@ -72,7 +73,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     with ctx.recording(obs):
         source = ctx.group(
             "source",
-            FIXTURE_TRAIN(train_payload(ctx, label, SOURCE_SNAPSHOTS, 0)),
+            FIXTURE_TRAIN(train_payload(ctx, label, REFERENCE_SNAPSHOTS, 0)),
             sc.source_world_size,
         )
         obs["source"] = source.record()
@@ -81,5 +82,6 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         obs["commit"] = ctx.commit(label)
         if not obs["commit"]["promoted"]:
             return obs
-        obs["target"] = resume_group(ctx, SOURCE_SNAPSHOTS, compare_steps=False)
+        ctx.restart()  # the loading ranks hold nothing of the source's (in-job: a second launch)
+        obs["target"] = resume_group(ctx, compare_steps=False)
     return obs

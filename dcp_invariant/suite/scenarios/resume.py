@@ -5,18 +5,17 @@ checkpoint must still hold the state at step N.
 
 The uninterrupted arm runs twice, so a fixture that does not repeat itself is reported as
 non-deterministic instead of the resume being blamed; then the first arm's checkpoint is sealed
-and promoted, and a fresh group loads it through the pointer and takes the K steps again.
+and promoted, and a fresh group loads it through the pointer and takes the K steps again. In a
+torchrun job (``in-job``) that group is every worker torchrun restarted.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dcp_invariant.suite.scenarios.common import ScenarioContext
+from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, ScenarioContext
 from dcp_invariant.suite.scenarios.payloads import FIXTURE_TRAIN, FixtureTrain
 from dcp_invariant.suite.scenarios.reshard import resume_group, train_payload
-
-REFERENCE_SNAPSHOTS = "snapshots/reference"
 
 
 def _arm(ctx: ScenarioContext, label: str, snapshots: str | None) -> FixtureTrain:
@@ -25,7 +24,7 @@ def _arm(ctx: ScenarioContext, label: str, snapshots: str | None) -> FixtureTrai
     payload = train_payload(ctx, label, snapshots, ctx.run_plan.steps_after)
     if sc.async_mode:
         payload["async_mode"] = sc.async_mode
-        payload["timeout"] = ctx.pool.timeout
+        payload["timeout"] = ctx.host.timeout
     return payload
 
 
@@ -64,5 +63,6 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         obs["commit"] = ctx.commit(label)
         if not obs["commit"]["promoted"]:
             return obs
-        obs["target"] = resume_group(ctx, REFERENCE_SNAPSHOTS, compare_steps=True)
+        ctx.restart()  # the loading ranks hold nothing of the arms' (in-job: torchrun's restart)
+        obs["target"] = resume_group(ctx, compare_steps=True)
     return obs

@@ -44,9 +44,8 @@ from dcp_invariant.commit import CheckpointStore, durable
 from dcp_invariant.errors import InJobError
 from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite.scenarios.commits import Interner, commit
-from dcp_invariant.suite.scenarios.common import STORE_ROOT
+from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, STORE_ROOT
 from dcp_invariant.suite.scenarios.payloads import FixtureResume, FixtureTrain
-from dcp_invariant.suite.scenarios.resume import REFERENCE_SNAPSHOTS
 
 # Under --checkpoint-dir: the process group's files, and each rank's records between attempts.
 STATE_DIR = ".in-job"
