@@ -1,5 +1,6 @@
 """The in-job worker's torch-free parts: what torchrun must have told it, the device per backend,
-the plan it records. tests/suite/test_in_job.py runs it in real torchrun jobs."""
+the plan it records. tests/suite/test_torchrun_host.py runs its host without torch, and
+tests/suite/test_in_job.py runs it in real torchrun jobs."""
 
 from __future__ import annotations
 
@@ -124,25 +125,3 @@ def test_in_job_outside_torchrun_is_one_line_and_exit_2(
     assert code == errors.EXIT_USAGE
     assert err.count("\n") == 1 and "launch it with torchrun" in err
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_rank_that_read_another_pointer_after_the_commit_is_an_error() -> None:
-    the_plan = plan.in_job_plan("pkg.mod:make_app", plan.Launch(2, 1, "gloo"))
-    arm: in_job.TaskResult = {"exit_code": 0, "record": None}
-    gathered = [
-        {
-            "arms": {"reference": arm, "repeat": arm, "pointer_seen": seen},
-            "target": {"exit_code": 0, "record": {"rank": rank, "generation": None}},
-        }
-        for rank, seen in enumerate([True, False])
-    ]
-    obs = in_job.observation(the_plan.scenarios[0], the_plan, gathered, {"commit": {}, "met": []})
-
-    assert obs["errors"] == [
-        "rank 1: after the commit it read another pointer than the one rank 0 moved: the "
-        "shared filesystem does not show every node the same files"
-    ]
-    assert obs["target"]["ranks"] == [
-        {"rank": 0, "generation": None},
-        {"rank": 1, "generation": None},
-    ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dcp_invariant.commit import CheckpointStore, PromotionRefused, SealError
@@ -30,16 +30,14 @@ class Interner:
 
     @property
     def met(self) -> list[tuple[str, str]]:
-        """``(kind, digest)`` in the order first met: :meth:`replayed` hands out the same labels."""
+        """``(kind, digest)`` in the order first met: :meth:`meet` hands out the same labels."""
         return list(self._labels)
 
-    @classmethod
-    def replayed(cls, met: list[tuple[str, str]]) -> Interner:
-        """An interner that has met ``met`` already, in that order (a process restarted since)."""
-        interner = cls()
+    def meet(self, met: Iterable[Sequence[str]]) -> None:
+        """Meet another interner's :attr:`met`, in order, having met a prefix of it: this one
+        then labels as that one does (another rank's, or this process's before a restart)."""
         for kind, digest in met:
-            interner(kind, digest)
-        return interner
+            self(kind, digest)
 
     def __call__(self, kind: str, digest: str | None) -> str | None:
         if digest is None:

@@ -5,7 +5,7 @@ runs on either of two hosts:
 
 - :class:`PoolHost`, this machine's worker pool (``run``, ``check()``, the pytest plugin): the
   runner starts each group as fresh processes and commits in its own process;
-- ``TorchrunHost`` (:mod:`dcp_invariant.suite.torchrun.in_job`), every rank of the user's own
+- ``TorchrunHost`` (:mod:`dcp_invariant.suite.torchrun.host`), every rank of the user's own
   torchrun job (``in-job``): the rank is one of each group's ranks, rank 0 commits, torchrun
   restarts every worker, and the restarted workers replay what came before the restart.
 

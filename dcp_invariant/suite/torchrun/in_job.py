@@ -3,23 +3,27 @@ the checks inside the user's own torchrun job, on every node, at the world size 
 
 torchrun starts, restarts and stops this program on every node; it starts no process of its
 own. Each scenario of :func:`dcp_invariant.plan.in_job_plan` works in its own directory under
-``--checkpoint-dir``, which every node must see (a shared filesystem):
+``--checkpoint-dir``, which every node must see (a shared filesystem). Its driver is the one
+``run`` uses on this machine (:mod:`dcp_invariant.suite.scenarios`); here every worker is one
+rank of each of its groups (:mod:`.host`):
 
 - attempt 0 (``TORCHELASTIC_RESTART_COUNT`` 0): the uninterrupted arm takes N steps, saves
   through DCP (``dcp.save``, or ``dcp.async_save`` in thread mode while step N+1 runs) and takes
   K more; a second arm repeats it, so a loop that does not repeat itself is named as such. Once
-  every rank's save has returned, rank 0 seals and promotes the first arm's checkpoint. Every
-  rank writes what it saw beside it and exits with :data:`plan.ELASTIC_EXIT_CODE`, so torchrun
-  restarts every worker on every node;
-- attempt 1: each fresh worker loads through the pointer, verifies the receipt before and
-  after, compares what it loaded with what was saved, and takes the K steps against the
-  uninterrupted arm's, bit for bit. Rank 0 gathers every rank's records, judges them with the
-  rules ``verify`` applies, and writes the artifact.
+  every rank's save has returned, rank 0 seals and promotes the first arm's checkpoint. At the
+  driver's restart every rank writes what it recorded beside it and exits with
+  :data:`plan.ELASTIC_EXIT_CODE`, so torchrun restarts every worker on every node;
+- attempt 1: each fresh worker runs the driver again, handed back attempt 0's records up to the
+  restart; then it loads through the pointer, verifies the receipt before and after, compares
+  what it loaded with what was saved, and takes the K steps against the uninterrupted arm's,
+  bit for bit. Every rank holds every rank's records; rank 0 judges them with the rules
+  ``verify`` applies, and writes the artifact.
 
 With ``--resume-from`` (the first launch's ``--checkpoint-dir``), a second launch at another
-world size runs ``reshard_<a>_to_<W>`` instead, without a restart: its workers load the first
-launch's committed ``resume_<a>`` generation, every key must equal what its source rank saved
-(DTensors by global value), and K steps follow.
+world size runs ``reshard_<a>_to_<W>`` instead, without a restart: its source is the first
+launch's ``resume_<a>`` arm up to its save, and its commit; its workers load that committed
+generation, every key must equal what its source rank saved (DTensors by global value), and K
+steps follow.
 
 The process group meets through a file under ``--checkpoint-dir`` (torch's ``FileStore``), not
 a TCP store: the only sockets are the backend's own, on the interface the user names
@@ -28,24 +32,20 @@ a TCP store: the only sockets are the backend's own, on the interface the user n
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
-import sys
-import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from dcp_invariant import canonical, plan, regular_file, runtimes
-from dcp_invariant.commit import CheckpointStore, durable
+from dcp_invariant.commit import durable
 from dcp_invariant.errors import InJobError
-from dcp_invariant.evidence.families.records import GroupRecord
-from dcp_invariant.suite.scenarios.commits import Interner, commit
-from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, STORE_ROOT
-from dcp_invariant.suite.scenarios.payloads import FixtureResume, FixtureTrain
+from dcp_invariant.suite.scenarios import DRIVERS
+from dcp_invariant.suite.scenarios.common import ScenarioContext
+from dcp_invariant.suite.torchrun import host
 
 # Under --checkpoint-dir: the process group's files, and each rank's records between attempts.
 STATE_DIR = ".in-job"
@@ -221,165 +221,64 @@ def main(options: Options) -> int:
         timeout=timedelta(seconds=options.timeout),
     )
     try:
-        if source is not None:
-            return _resharded(root, source, run_plan, job, options, distribution, runtime)
-        if job.restart_count == 0:
-            _first_attempt(root, run_plan, job, options)
-            return plan.ELASTIC_EXIT_CODE
-        return _after_restart(root, run_plan, job, options, distribution, runtime)
+        return _run(root, run_plan, job, options, source, (distribution, runtime))
     finally:
         dist.destroy_process_group()
 
 
-def _first_attempt(root: Path, run_plan: plan.Plan, job: JobEnvironment, options: Options) -> None:
-    import torch.distributed as dist
-
-    label = run_plan.baseline_label
-    for scenario in run_plan.scenarios:
-        workdir = root / scenario.name
-        (workdir / STATE_DIR).mkdir(parents=True, exist_ok=True)
-        os.chdir(workdir)
-        arms = {}
-        for arm, candidate, snapshots in (
-            ("reference", label, REFERENCE_SNAPSHOTS),
-            ("repeat", f"repeat-{label}", None),
-        ):
-            payload: FixtureTrain = {
-                "checkpoint": f"{STORE_ROOT}/candidates/{candidate}",
-                "fixture": options.fixture,
-                "fixture_args": dict(options.fixture_args),
-                "snapshots": snapshots,
-                "steps_after": run_plan.steps_after,
-                "steps_before": run_plan.steps_before,
-            }
-            if scenario.async_mode:
-                payload["async_mode"] = scenario.async_mode
-                payload["timeout"] = options.timeout
-            arms[arm] = _task("fixture_train", job, payload)
-            dist.barrier()  # every rank's save has returned: its files are durable
-        store = CheckpointStore(workdir / STORE_ROOT)
-        if job.rank == 0:
-            interner = Interner()
-            record = commit(store, label, interner)
-            done = {"commit": record, "met": interner.met, "pointer": _digest(store)}
-            durable.replace_file(workdir / STATE_DIR / COMMIT_FILE, canonical.dumps(done))
-        dist.barrier()
-        # Every rank must see the pointer rank 0 moved: a shared filesystem that shows one node
-        # an older pointer would have that node resume from another generation.
-        arms["pointer_seen"] = _digest(store) == _read(workdir / STATE_DIR / COMMIT_FILE)["pointer"]
-        mine = workdir / STATE_DIR / f"attempt0-rank{job.rank}.json"
-        durable.replace_file(mine, canonical.dumps(arms))
-        dist.barrier()
-        os.chdir(root)
-
-
-def _after_restart(
+def _run(
     root: Path,
     run_plan: plan.Plan,
     job: JobEnvironment,
     options: Options,
-    distribution: str,
-    runtime: str,
+    source: Path | None,
+    versions: tuple[str, str],
 ) -> int:
+    """Each scenario's driver on this rank (:mod:`.host`): on attempt 0 up to its restart, the
+    records kept, then :data:`plan.ELASTIC_EXIT_CODE`; after torchrun's restart, or in a second
+    launch, whole, and rank 0 writes the artifact."""
     import torch.distributed as dist
 
+    recording = source is None and job.restart_count == 0
     observations: dict[str, dict[str, Any]] = {}
     for scenario in run_plan.scenarios:
         workdir = root / scenario.name
-        os.chdir(workdir)
-        payload: FixtureResume = {
-            "compare_steps": True,
-            "fixture": options.fixture,
-            "fixture_args": dict(options.fixture_args),
-            "rank_local": [],
-            "reference": REFERENCE_SNAPSHOTS,
-            "source_world_size": job.world_size,
-            "steps_after": run_plan.steps_after,
-            "store": STORE_ROOT,
-        }
-        target = _task("fixture_resume", job, payload)
-        first = _read(workdir / STATE_DIR / f"attempt0-rank{job.rank}.json")
-        gathered: list[Any] = [None] * job.world_size if job.rank == 0 else []
-        dist.gather_object(
-            {"arms": first, "target": target}, gathered if job.rank == 0 else None, dst=0
+        state = workdir / STATE_DIR
+        mine = state / _records(job.rank)
+        if source is not None:
+            workdir.mkdir(parents=True, exist_ok=True)
+            replay = host.resharded(host.entries(_read(source / STATE_DIR / _records(0))))
+        elif recording:
+            state.mkdir(parents=True, exist_ok=True)
+            replay = None
+        else:
+            replay = host.entries(_read(mine))
+        on_rank = host.TorchrunHost(
+            job.rank, job.world_size, options.timeout, state / COMMIT_FILE, replay, source
         )
-        if job.rank == 0:
-            committed = _read(workdir / STATE_DIR / COMMIT_FILE)
-            observations[scenario.name] = observation(scenario, run_plan, gathered, committed)
-        os.chdir(root)
+        ctx = ScenarioContext(scenario, on_rank, workdir, run_plan.fixture, run_plan)
+        os.chdir(workdir)  # where the user's loop runs, and the checkpoint ids are relative to
+        try:
+            observations[scenario.name] = ctx.finished(DRIVERS[scenario.family](ctx))
+        except host.Restarting:
+            pass
+        finally:
+            os.chdir(root)
+        if recording:
+            durable.replace_file(mine, canonical.dumps(on_rank.recorded))
+            dist.barrier()  # every rank's records are on disk before any worker exits
+    if recording:
+        return plan.ELASTIC_EXIT_CODE
     verdict = [0]
     if job.rank == 0:
-        verdict[0] = _write_artifact(observations, run_plan, options, distribution, runtime)
+        verdict[0] = _write_artifact(observations, run_plan, options, *versions)
     dist.broadcast_object_list(verdict, src=0)
     return int(verdict[0])
 
 
-def _resharded(
-    root: Path,
-    source: Path,
-    run_plan: plan.Plan,
-    job: JobEnvironment,
-    options: Options,
-    distribution: str,
-    runtime: str,
-) -> int:
-    """A second launch: load the first launch's committed checkpoint at this world size."""
-    import torch.distributed as dist
-
-    [scenario] = run_plan.scenarios
-    workdir = root / scenario.name
-    workdir.mkdir(parents=True, exist_ok=True)
-    os.chdir(workdir)
-    payload: FixtureResume = {
-        "compare_steps": False,
-        "fixture": options.fixture,
-        "fixture_args": dict(options.fixture_args),
-        "rank_local": [],
-        "reference": str(source / REFERENCE_SNAPSHOTS),
-        "source_world_size": scenario.source_world_size,
-        "steps_after": run_plan.steps_after,
-        "store": str(source / STORE_ROOT),
-    }
-    target = _task("fixture_resume", job, payload)
-    gathered: list[Any] = [None] * job.world_size if job.rank == 0 else []
-    dist.gather_object(target, gathered if job.rank == 0 else None, dst=0)
-    os.chdir(root)
-    verdict = [0]
-    if job.rank == 0:
-        committed = _read(source / STATE_DIR / COMMIT_FILE)
-        arms = [
-            _read(source / STATE_DIR / f"attempt0-rank{r}.json")
-            for r in range(scenario.source_world_size)
-        ]
-        observations = {
-            scenario.name: resharded_observation(scenario, run_plan, arms, gathered, committed)
-        }
-        verdict[0] = _write_artifact(observations, run_plan, options, distribution, runtime)
-    dist.broadcast_object_list(verdict, src=0)
-    return int(verdict[0])
-
-
-TaskResult = dict[str, Any]  # {"exit_code": 0 or 1, "record": the rank's report or None}
-
-
-def _task(name: str, job: JobEnvironment, payload: Any) -> TaskResult:
-    """Run a fixture task on this rank as a worker of the pool would, catching what it raises."""
-    from dcp_invariant.ranks import fixture_tasks
-
-    fn: Callable[..., None] = getattr(fixture_tasks, name)
-    reported: list[dict[str, Any]] = []
-    try:
-        fn(job.rank, job.world_size, payload, reported.append)
-    except Exception as exc:
-        # The user wants their loop's frames: print them, and record the rank's failure.
-        traceback.print_exception(exc, file=sys.stderr)
-        return {"exit_code": 1, "record": reported[-1] if reported else None}
-    return {"exit_code": 0, "record": reported[-1] if reported else None}
-
-
-def _digest(store: CheckpointStore) -> str | None:
-    raw = store.pointer_bytes()
-    return None if raw is None else hashlib.sha256(raw).hexdigest()
+def _records(rank: int) -> str:
+    """The file of a rank's records from attempt 0, under a scenario's :data:`STATE_DIR`."""
+    return f"attempt0-rank{rank}.json"
 
 
 def _read(path: Path) -> Any:
@@ -389,94 +288,6 @@ def _read(path: Path) -> Any:
         raise InJobError(
             f"{path} is missing: the first attempt did not finish on every rank (see its log)"
         ) from None
-
-
-def group(results: list[TaskResult]) -> GroupRecord:
-    """The group record the pool would have made of these ranks' results, in rank order."""
-    return {
-        "exit_codes": [r["exit_code"] for r in results],
-        "timed_out": False,
-        "ranks": [r["record"] for r in results if r["record"] is not None],
-    }
-
-
-def observation(
-    scenario: plan.Scenario,
-    run_plan: plan.Plan,
-    gathered: list[dict[str, Any]],
-    committed: dict[str, Any],
-) -> dict[str, Any]:
-    """The scenario's observation, in the shape its family's driver gives it on one host
-    (``run`` in dcp_invariant/suite/scenarios/resume.py), so ``verify`` holds it to the same
-    rules."""
-    fields: dict[str, Any] = {"save_mode": scenario.async_mode} if scenario.async_mode else {}
-    errors = [
-        f"rank {rank}: after the commit it read another pointer than the one rank 0 moved: "
-        "the shared filesystem does not show every node the same files"
-        for rank, g in enumerate(gathered)
-        if not g["arms"]["pointer_seen"]
-    ]
-    return {
-        **_common(scenario, run_plan, [g["target"] for g in gathered], committed),
-        "errors": errors,
-        "reference": group([g["arms"]["reference"] for g in gathered]),
-        "repeat": group([g["arms"]["repeat"] for g in gathered]),
-        **fields,
-    }
-
-
-def resharded_observation(
-    scenario: plan.Scenario,
-    run_plan: plan.Plan,
-    arms: list[dict[str, Any]],
-    targets: list[TaskResult],
-    committed: dict[str, Any],
-) -> dict[str, Any]:
-    """``reshard_<a>_to_<W>`` as its driver gives it on one host (``run`` in
-    dcp_invariant/suite/scenarios/reshard.py). Its source is the first launch's uninterrupted
-    arm up to the save: the N steps and the state saved; the K steps that arm took after the
-    save were judged in the first launch's own artifact, so they are not the source's here."""
-    source = group([arm["reference"] for arm in arms])
-    source["ranks"] = [{**rank, "steps": []} for rank in source["ranks"]]
-    return {
-        **_common(scenario, run_plan, targets, committed),
-        "source": source,
-        "left_out": [],
-    }
-
-
-def _common(
-    scenario: plan.Scenario,
-    run_plan: plan.Plan,
-    targets: list[TaskResult],
-    committed: dict[str, Any],
-) -> dict[str, Any]:
-    """The fields every in-job observation has; the loading ranks' generations labelled after
-    the commit's digests, in the order the driver on one host meets them."""
-    intern = Interner.replayed([(kind, digest) for kind, digest in committed["met"]])
-    target = group(targets)
-    target["ranks"] = [
-        {**r, "generation": intern("receipt", r["generation"])} for r in target["ranks"]
-    ]
-    return {
-        "errors": [],
-        "scenario": scenario.name,
-        "schema_version": _schema_version(run_plan),
-        "source_world_size": scenario.source_world_size,
-        "target_world_size": scenario.target_world_size,
-        "fixture": run_plan.fixture,
-        "steps_before_save": run_plan.steps_before,
-        "steps_after": run_plan.steps_after,
-        "commit": committed["commit"],
-        "target": target,
-        "left_running": [],  # this program starts none: torchrun owns every process
-    }
-
-
-def _schema_version(run_plan: plan.Plan) -> int:
-    from dcp_invariant.evidence import schema
-
-    return schema.version_for(run_plan)
 
 
 def _write_artifact(
