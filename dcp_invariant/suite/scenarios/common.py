@@ -175,7 +175,8 @@ class ScenarioContext:
         return record
 
     def restart(self) -> None:
-        """The groups after this one run in processes that ran none before (:meth:`.Host.restart`)."""
+        """From here on, groups run in processes that ran none of this scenario's groups before
+        (:meth:`.host.Host.restart`): a no-op on the pool, torchrun's restart in a job."""
         self.host.restart()
 
     def written(self, name: str) -> str:
