@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 from dcp_invariant import __version__, canonical, plan
 from dcp_invariant.evidence import schema
@@ -44,6 +44,59 @@ def build_parser() -> argparse.ArgumentParser:
         "show every worker log line of a failure (no cap)",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run(sub)
+    _add_verify(sub)
+    _add_inspect(sub)
+    sub.add_parser("list", help="list the scenarios")
+    _add_in_job(sub)
+    _add_github_report(sub)
+    return parser
+
+
+# What add_subparsers returns (typeshed names the class; argparse documents only its use).
+Subparsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
+
+
+def _add_loop_options(command: argparse.ArgumentParser, *, fixture_required: bool) -> None:
+    """What ``run --fixture`` and ``in-job`` both take: the loop, its steps and arguments, and
+    the revision under test. Each means the same in both; ``--timeout`` does not, and each
+    command declares its own."""
+    given = "" if fixture_required else "with --fixture: "
+    command.add_argument(
+        "--fixture",
+        required=fixture_required,
+        metavar="MODULE:CALLABLE",
+        help=("" if fixture_required else "check your own training loop: ")
+        + "CALLABLE(rank, world_size) returns an app with state_dict(), load_state_dict(sd) "
+        "and step() -> float (the current directory is importable)",
+    )
+    command.add_argument(
+        "--steps-before",
+        type=int,
+        default=None,
+        help=f"{given}steps before the save (default {plan.DEFAULT_STEPS_BEFORE})",
+    )
+    command.add_argument(
+        "--steps-after",
+        type=int,
+        default=None,
+        help=f"{given}steps compared after the resume (default {plan.DEFAULT_STEPS_AFTER})",
+    )
+    command.add_argument(
+        "--fixture-arg",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help=f"{given}a keyword argument for CALLABLE, VALUE as JSON without floats "
+        "(width=64, name='\"tiny\"'; a VALUE that is not JSON is taken as a string); repeatable",
+    )
+    command.add_argument(
+        "--source-revision",
+        help="40-hex revision of the code under test (default: $GITHUB_SHA, else git rev-parse HEAD)",
+    )
+
+
+def _add_run(sub: Subparsers) -> None:
     run = sub.add_parser(
         "run",
         help="run the registered scenarios, or your fixture's, and write an evidence artifact",
@@ -54,37 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="artifact directory (must not exist, or be an empty directory)",
     )
-    run.add_argument(
-        "--fixture",
-        metavar="MODULE:CALLABLE",
-        help="check your own training loop: CALLABLE(rank, world_size) returns an app with "
-        "state_dict(), load_state_dict(sd) and step() -> float (the current directory is importable)",
-    )
+    _add_loop_options(run, fixture_required=False)
     run.add_argument(
         "--world-sizes",
         default=None,
         help=f"with --fixture: distinct world sizes up to {plan.MAX_WORLD_SIZE} "
         f"(default {','.join(map(str, plan.DEFAULT_WORLD_SIZES))})",
-    )
-    run.add_argument(
-        "--steps-before",
-        type=int,
-        default=None,
-        help=f"with --fixture: steps before the save (default {plan.DEFAULT_STEPS_BEFORE})",
-    )
-    run.add_argument(
-        "--steps-after",
-        type=int,
-        default=None,
-        help=f"with --fixture: steps compared after the resume (default {plan.DEFAULT_STEPS_AFTER})",
-    )
-    run.add_argument(
-        "--fixture-arg",
-        action="append",
-        default=None,
-        metavar="NAME=VALUE",
-        help="with --fixture: a keyword argument for CALLABLE, VALUE as JSON without floats "
-        "(width=64, name='\"tiny\"'; a VALUE that is not JSON is taken as a string); repeatable",
     )
     run.add_argument(
         "--rank-local",
@@ -96,15 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         "it; repeatable",
     )
     run.add_argument(
-        "--source-revision",
-        help="40-hex revision of the code under test (default: $GITHUB_SHA, else git rev-parse HEAD)",
-    )
-    run.add_argument(
         "--timeout",
         type=float,
         default=None,
-        help="seconds each worker group may take (default 180)",
+        help=f"seconds each group of worker processes may take (default {plan.DEFAULT_TIMEOUT:g})",
     )
+
+
+def _add_verify(sub: Subparsers) -> None:
     verify = sub.add_parser("verify", help="verify an artifact offline (imports no torch)")
     verify.add_argument("directory", nargs="?", type=Path, help="artifact directory")
     verify.add_argument(
@@ -115,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="list every problem even of a directory that is not an artifact at all",
     )
+
+
+def _add_inspect(sub: Subparsers) -> None:
     inspect = sub.add_parser(
         "inspect",
         help="check a DCP checkpoint directory against its .metadata (imports no torch, "
@@ -128,13 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="also estimate what each rank would read when loading at this world size",
     )
     inspect.add_argument("--json", action="store_true", help="print one canonical JSON record")
-    sub.add_parser("list", help="list the scenarios")
+
+
+def _add_in_job(sub: Subparsers) -> None:
     in_job = sub.add_parser(
         "in-job",
         help="as a worker of your torchrun job (torchrun --max-restarts=1 ... -m dcp_invariant "
         "in-job ...): check your loop at the job's world size, across its nodes",
     )
-    in_job.add_argument("--fixture", required=True, metavar="MODULE:CALLABLE")
     in_job.add_argument(
         "--checkpoint-dir",
         required=True,
@@ -144,17 +175,26 @@ def build_parser() -> argparse.ArgumentParser:
     in_job.add_argument(
         "--output-dir", required=True, type=Path, help="where rank 0 writes the artifact"
     )
-    in_job.add_argument("--steps-before", type=int, default=plan.DEFAULT_STEPS_BEFORE)
-    in_job.add_argument("--steps-after", type=int, default=plan.DEFAULT_STEPS_AFTER)
-    in_job.add_argument("--fixture-arg", action="append", default=None, metavar="NAME=VALUE")
-    in_job.add_argument("--backend", choices=plan.BACKENDS, default="gloo")
+    _add_loop_options(in_job, fixture_required=True)
+    in_job.add_argument(
+        "--backend",
+        choices=plan.BACKENDS,
+        default="gloo",
+        help="the process group's backend (default gloo); nccl puts each rank on GPU LOCAL_RANK",
+    )
     in_job.add_argument(
         "--gloo-interface",
         metavar="IFNAME",
         help="the network interface Gloo binds (sets GLOO_SOCKET_IFNAME), e.g. eth0",
     )
-    in_job.add_argument("--timeout", type=float, default=None, help="seconds per collective")
-    in_job.add_argument("--source-revision", help="40-hex revision of the code under test")
+    # Each rank is a process of the user's job, which nothing here starts or bounds as a whole:
+    # what can hang is a collective waiting for another rank.
+    in_job.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds each collective between the job's ranks may take (default {plan.DEFAULT_TIMEOUT:g})",
+    )
     in_job.add_argument(
         "--resume-from",
         type=Path,
@@ -162,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a second launch at another node count: the first launch's --checkpoint-dir, "
         "whose checkpoint this one loads and steps on from (launch with --max-restarts=0)",
     )
+
+
+def _add_github_report(sub: Subparsers) -> None:
     report = sub.add_parser(
         "github-report",
         help="write the GitHub job summary and step outputs for an artifact (always exits 0)",
@@ -189,7 +232,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_path("GITHUB_OUTPUT"),
         help="key=value outputs are appended here (default: $GITHUB_OUTPUT, else stdout)",
     )
-    return parser
 
 
 def _env_path(name: str) -> Path | None:
@@ -227,8 +269,8 @@ def _in_job(args: argparse.Namespace) -> int:
         fixture=args.fixture,
         checkpoint_dir=args.checkpoint_dir,
         output_dir=args.output_dir,
-        steps_before=args.steps_before,
-        steps_after=args.steps_after,
+        steps_before=plan.DEFAULT_STEPS_BEFORE if args.steps_before is None else args.steps_before,
+        steps_after=plan.DEFAULT_STEPS_AFTER if args.steps_after is None else args.steps_after,
         fixture_args=_fixture_args(args.fixture_arg or []),
         backend=args.backend,
         gloo_interface=args.gloo_interface,
