@@ -7,15 +7,11 @@ recorded beside the evidence and checked against what was observed.
 
 from __future__ import annotations
 
-import json
-import keyword
-import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from dcp_invariant import canonical
+from dcp_invariant import dcp_layout, fixture_inputs
 from dcp_invariant.errors import PlanError
 
 Family = Literal[
@@ -25,12 +21,6 @@ Family = Literal[
 # synchronous staging or with DefaultStager's background staging, or in process mode.
 AsyncMode = Literal["thread", "staged", "process"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
-
-# DCP's on-disk names (torch/distributed/checkpoint/filesystem.py): FileSystemWriter.finish()
-# writes ``.metadata`` last, by rename, so it is DCP's only commit marker; each rank writes
-# its data as ``__<rank>_<n>.distcp``.
-METADATA_FILE = ".metadata"
-SHARD_SUFFIX = ".distcp"
 
 # Training scenarios: the fixture takes this many steps, is saved, and (where the plan says so)
 # takes one more step as the uninterrupted reference.
@@ -142,16 +132,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         "damaged",
         2,
         2,
-        f"a sealed candidate loses {METADATA_FILE}; promotion refuses it",
-        Damage("remove", METADATA_FILE, "missing"),
+        f"a sealed candidate loses {dcp_layout.METADATA_FILE}; promotion refuses it",
+        Damage("remove", dcp_layout.METADATA_FILE, "missing"),
     ),
     Scenario(
         "missing_shard",
         "damaged",
         2,
         2,
-        f"a sealed candidate loses a {SHARD_SUFFIX} shard; promotion refuses it",
-        Damage("remove", SHARD_SUFFIX, "missing"),
+        f"a sealed candidate loses a {dcp_layout.SHARD_SUFFIX} shard; promotion refuses it",
+        Damage("remove", dcp_layout.SHARD_SUFFIX, "missing"),
     ),
     Scenario(
         "corrupt_shard",
@@ -159,7 +149,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         2,
         2,
         "one byte of a sealed shard is flipped; promotion refuses it",
-        Damage("flip", SHARD_SUFFIX, "digest"),
+        Damage("flip", dcp_layout.SHARD_SUFFIX, "digest"),
     ),
 )
 SCENARIO_NAMES: tuple[str, ...] = tuple(s.name for s in SCENARIOS)
@@ -178,23 +168,6 @@ MAX_STEPS = 1000
 # the timers it reaches (1e308 did).
 DEFAULT_TIMEOUT = 180.0
 MAX_TIMEOUT = 86400.0
-_IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-FIXTURE_SPEC = re.compile(rf"{_IDENTIFIERS}:{_IDENTIFIERS}")
-# No importable module has a longer name: each dotted part is a file or directory name (at most
-# 255 bytes), and past a few parts the path to it outgrows what the OS opens (PATH_MAX, 4096 on
-# Linux), which fails the worker's import with an OSError instead of a missing module.
-MAX_FIXTURE_SPEC_CHARS = 1024
-# A component is a top-level key of the app's state_dict(); recorded keys are "app.<component>...".
-COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
-# The fixture is called as CALLABLE(rank, world_size, **fixture_args).
-RESERVED_ARGUMENTS = ("rank", "world_size")
-MAX_FIXTURE_ARGS = 32
-MAX_FIXTURE_ARGS_BYTES = 4096
-# The plan is recorded in provenance.json, whose canonical JSON holds no floats and no integer
-# of more than canonical.MAX_INT_DIGITS digits, nested at most canonical.MAX_DEPTH levels in all
-# (the record, its plan and fixture_args are three of them): an argument past these would fail
-# the run when the artifact is written, or make its artifact one that verify refuses.
-MAX_FIXTURE_ARG_DEPTH = 32
 # "in_job": the user's own torchrun job runs the checks at its world size, across nodes
 # (dcp_invariant/suite/torchrun/in_job.py).
 PlanKind = Literal["registered", "fixture", "in_job"]
@@ -307,10 +280,10 @@ def in_job_plan(
     """The checks a torchrun job runs on itself at its own world size W: resume_W (dcp.save)
     and async_resume_W (dcp.async_save, thread mode), each across torchrun's restart of every
     worker on every node."""
-    _check_fixture_spec(fixture)
+    fixture_inputs.check_fixture_spec(fixture)
     if (
-        not _positive_int(launch.nodes)
-        or not _positive_int(launch.nproc_per_node)
+        not fixture_inputs.positive_int(launch.nodes)
+        or not fixture_inputs.positive_int(launch.nproc_per_node)
         or launch.world_size > MAX_IN_JOB_WORLD_SIZE
     ):
         raise PlanError(
@@ -321,19 +294,15 @@ def in_job_plan(
         raise PlanError(f"backend {launch.backend!r}: give one of {list(BACKENDS)}")
     a = launch.resumed_from
     if a is not None and (
-        not _positive_int(a) or a > MAX_IN_JOB_WORLD_SIZE or a == launch.world_size
+        not fixture_inputs.positive_int(a) or a > MAX_IN_JOB_WORLD_SIZE or a == launch.world_size
     ):
         raise PlanError(
             f"resumed from world size {a!r}: give the first launch's world size, another than "
             f"this launch's {launch.world_size} (a resume at the same size is the first launch's)"
         )
-    for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
-        if not _positive_int(steps) or steps > MAX_STEPS:
-            raise PlanError(
-                f"{what}: {shown_value(steps)}, expected an integer from 1 to {MAX_STEPS}"
-            )
+    _check_steps(steps_before, steps_after)
     w, n = launch.world_size, steps_before
-    arguments = _fixture_args({} if fixture_args is None else fixture_args)
+    arguments = fixture_inputs.fixture_args({} if fixture_args is None else fixture_args)
     if a is not None:
         resharded = Scenario(
             f"reshard_{a}_to_{w}",
@@ -375,27 +344,22 @@ def fixture_plan(
     rank_local: Sequence[str] = (),
 ) -> Plan:
     """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar."""
-    _check_fixture_spec(fixture)
+    fixture_inputs.check_fixture_spec(fixture)
     sizes = tuple(world_sizes)
     if (
         not sizes
-        or not all(_positive_int(w) and w <= MAX_WORLD_SIZE for w in sizes)
+        or not all(fixture_inputs.positive_int(w) and w <= MAX_WORLD_SIZE for w in sizes)
         or len(set(sizes)) != len(sizes)
     ):
         raise PlanError(
-            f"world sizes {shown_value(list(sizes), 200)}: give distinct integers from 1 to "
-            f"{MAX_WORLD_SIZE}, "
-            "e.g. 1,2"
+            f"world sizes {fixture_inputs.shown_value(list(sizes), 200)}: give distinct "
+            f"integers from 1 to {MAX_WORLD_SIZE}, e.g. 1,2"
         )
-    for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
-        if not _positive_int(steps) or steps > MAX_STEPS:
-            raise PlanError(
-                f"{what}: {shown_value(steps)}, expected an integer from 1 to {MAX_STEPS}"
-            )
+    _check_steps(steps_before, steps_after)
     sizes = tuple(sorted(sizes))
     n, k = steps_before, steps_after
-    arguments = _fixture_args({} if fixture_args is None else fixture_args)
-    local = _rank_local(rank_local)
+    arguments = fixture_inputs.fixture_args({} if fixture_args is None else fixture_args)
+    local = fixture_inputs.rank_local(rank_local)
     scenarios = [
         Scenario(
             f"resume_{w}",
@@ -457,113 +421,13 @@ def fixture_plan(
     return Plan("fixture", fixture, sizes, n, k, tuple(scenarios), arguments, local)
 
 
-def shown_value(value: Any, limit: int = 60) -> str:
-    """``repr(value)`` on one line of at most ``limit`` characters, for a message: the Python
-    API passes values of any size, and an integer of more digits than
-    ``sys.get_int_max_str_digits()`` cannot be converted to text at all (ValueError)."""
-    try:
-        text = repr(value)
-    except ValueError:
-        digits = f"more than {sys.get_int_max_str_digits()} digits"
-        if isinstance(value, int):
-            return f"an integer of {digits}"
-        return f"a {type(value).__name__} holding an integer of {digits}"
-    text = " ".join(text.split())
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
-
-
-def _check_fixture_spec(fixture: Any) -> None:
-    if isinstance(fixture, str) and len(fixture) > MAX_FIXTURE_SPEC_CHARS:
-        # Named by its start and length: the whole of it would fill the terminal.
-        raise PlanError(
-            f"fixture {fixture[:40]!r}... is {len(fixture)} characters long, more than a module "
-            f"and callable can be named with ({MAX_FIXTURE_SPEC_CHARS}): give MODULE:CALLABLE "
-            "of an importable module"
-        )
-    if not isinstance(fixture, str) or not FIXTURE_SPEC.fullmatch(fixture):
-        raise PlanError(
-            f"fixture {fixture!r} is not MODULE:CALLABLE (e.g. my_trainer.checks:make_app)"
-        )
-
-
-def _fixture_args(given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    if not isinstance(given, Mapping) or len(given) > MAX_FIXTURE_ARGS:
-        raise PlanError(f"fixture arguments: give at most {MAX_FIXTURE_ARGS} NAME=VALUE pairs")
-    for name, value in given.items():
-        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+def _check_steps(steps_before: Any, steps_after: Any) -> None:
+    for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
+        if not fixture_inputs.positive_int(steps) or steps > MAX_STEPS:
             raise PlanError(
-                f"fixture argument {name!r}: its name must be a Python identifier, e.g. width=64"
+                f"{what}: {fixture_inputs.shown_value(steps)}, expected an integer from 1 to "
+                f"{MAX_STEPS}"
             )
-        if name in RESERVED_ARGUMENTS:
-            raise PlanError(
-                f"fixture argument {name}: the tool passes rank and world_size itself; "
-                "choose another name"
-            )
-        problem = _unrecordable(name, value)
-        if problem is not None:
-            raise PlanError(f"fixture argument {name}: the value must be JSON {problem}")
-    if len(json.dumps(dict(given), sort_keys=True)) > MAX_FIXTURE_ARGS_BYTES:
-        raise PlanError(f"fixture arguments: more than {MAX_FIXTURE_ARGS_BYTES} bytes of JSON")
-    return tuple(sorted(given.items()))
-
-
-def _unrecordable(name: str, value: Any) -> str | None:
-    """Why the evidence cannot record ``value`` exactly, or None: what the plan records must be
-    what the fixture got, in canonical JSON (:mod:`dcp_invariant.canonical`).
-
-    Level by level, without recursion, so no nesting can exhaust the stack; integers are bounded
-    by comparison, as converting one of thousands of digits to text is what fails.
-    """
-    level, depth = [value], 0
-    while level:
-        deeper: list[Any] = []
-        containers = False
-        for item in level:
-            if item is None or isinstance(item, (bool, str)):
-                continue
-            if isinstance(item, int):
-                if abs(item) >= _INT_BOUND:
-                    return (
-                        f"with integers of at most {canonical.MAX_INT_DIGITS} digits, the most "
-                        "the evidence records: pass a longer number as a string"
-                    )
-                continue
-            if isinstance(item, float):
-                return (
-                    f"without floats ({item!r} is one), which the evidence does not record: pass "
-                    f"it as a string ({name}='\"{item!r}\"') and convert it in the fixture"
-                )
-            if isinstance(item, list):
-                deeper += item
-            elif isinstance(item, dict) and all(isinstance(k, str) for k in item):
-                deeper += item.values()
-            else:
-                return (
-                    "(a number, string, true/false, null, list or object), e.g. width=64 or "
-                    "name='\"tiny\"'"
-                )
-            containers = True
-        depth += containers
-        if depth > MAX_FIXTURE_ARG_DEPTH:
-            return f"nested at most {MAX_FIXTURE_ARG_DEPTH} levels deep"
-        level = deeper
-    return None
-
-
-_INT_BOUND = 10**canonical.MAX_INT_DIGITS
-
-
-def _rank_local(given: Sequence[str]) -> tuple[str, ...]:
-    names = list(given)
-    for name in names:
-        if not isinstance(name, str) or not COMPONENT.fullmatch(name):
-            raise PlanError(
-                f"--rank-local {name!r}: give a top-level key of the app's state_dict(), "
-                "e.g. --rank-local data"
-            )
-    if len(set(names)) != len(names):
-        raise PlanError(f"--rank-local {names}: each component once")
-    return tuple(sorted(names))
 
 
 def plan_from_record(record: Any) -> Plan:
@@ -653,25 +517,3 @@ def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
                 f"plan: {key} {record[key]!r} are not the ones its launch gives, {value!r}"
             )
     return derived
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def expected_shard_rows(rows: int, world_size: int, rank: int) -> int:
-    """Rows of a ``Shard(0)`` DTensor on ``rank``: torch.chunk semantics, ceil-sized, tail short."""
-    chunk = -(-rows // world_size)
-    return max(0, min(rows, (rank + 1) * chunk) - rank * chunk)
-
-
-def dcp_files(world_size: int, *, metadata: bool = True) -> list[str]:
-    """The files a DCP save at ``world_size`` writes, in the receipt's (byte) order.
-
-    torch's FileSystemWriter (torch/distributed/checkpoint/filesystem.py) names each rank's data
-    ``__<rank>_<n>.distcp`` and, writing one file per rank by default
-    (``single_file_per_rank=True``, one thread), creates exactly ``__<rank>_0.distcp`` on every
-    rank, empty or not; the coordinator's ``finish`` adds ``.metadata`` last.
-    """
-    shards = [f"__{rank}_0{SHARD_SUFFIX}" for rank in range(world_size)]
-    return [METADATA_FILE, *shards] if metadata else shards

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from dcp_invariant import canonical, plan
+from dcp_invariant import canonical, fixture_inputs, plan
 from dcp_invariant.errors import CheckInputError
 
 if TYPE_CHECKING:
@@ -255,7 +255,7 @@ def _require(name: str, value: object, expected: str, holds: bool) -> None:
     """Refuse ``value`` for the argument ``name`` unless ``holds``, naming the type expected."""
     if not holds:
         raise CheckInputError(
-            f"{name} must be {expected}, got {type(value).__name__} {plan.shown_value(value)}"
+            f"{name} must be {expected}, got {type(value).__name__} {fixture_inputs.shown_value(value)}"
         )
 
 
@@ -318,7 +318,7 @@ def _output_dir(output_dir: str | os.PathLike[str] | None) -> Path | None:
     _require("output_dir", output_dir, "a str path (not bytes)", isinstance(path, str))
     if "\0" in path:
         raise CheckInputError(
-            f"output_dir {plan.shown_value(path)} holds a NUL character, which no file name can: "
+            f"output_dir {fixture_inputs.shown_value(path)} holds a NUL character, which no file name can: "
             "pass the directory's real path"
         )
     return Path(path)
@@ -339,7 +339,7 @@ def checked_timeout(timeout: float | None, name: str = "timeout") -> float:
     ):
         raise CheckInputError(
             f"{name} must be a number of seconds from 0 to {plan.MAX_TIMEOUT:g}, got "
-            f"{plan.shown_value(timeout)}"
+            f"{fixture_inputs.shown_value(timeout)}"
         )
     return float(timeout)
 

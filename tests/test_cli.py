@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from artifact_data import Observations, Rebuild
 
-from dcp_invariant import cli, errors, plan
+from dcp_invariant import cli, errors, fixture_inputs, plan
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.verify import verify_artifact
 
@@ -585,7 +585,7 @@ def test_run_refuses_what_the_evidence_cannot_record_in_one_line_and_writes_noth
 
 def test_a_fixture_name_at_the_bound_is_taken_and_one_character_more_is_refused() -> None:
     """At the bound the name is left to the import to judge, as before the bound existed."""
-    spec = "m" * (plan.MAX_FIXTURE_SPEC_CHARS - 2) + ":f"
+    spec = "m" * (fixture_inputs.MAX_FIXTURE_SPEC_CHARS - 2) + ":f"
     assert plan.fixture_plan(spec).fixture == spec
     with pytest.raises(errors.PlanError, match="1025 characters long"):
         plan.fixture_plan("m" + spec)

@@ -57,7 +57,7 @@ def test_shared_modules_stand_on_the_standard_library() -> None:
     graph = _imports()
     # errors.py is the one package module they may import: it holds only exceptions.
     assert graph["dcp_invariant.errors"] == set()
-    shared = ("canonical", "plan", "regular_file", "runtimes")
+    shared = ("canonical", "dcp_layout", "fixture_inputs", "plan", "regular_file", "runtimes")
     # ...and each other (plan takes the evidence's number limits from canonical): they stand on
     # the standard library together, and the cycle test below keeps them from leaning in circles.
     allowed = {"dcp_invariant", "dcp_invariant.errors"} | {f"dcp_invariant.{m}" for m in shared}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dcp_invariant import errors, plan
+from dcp_invariant import dcp_layout, errors, plan
 from dcp_invariant.evidence.families import FAMILIES
 from dcp_invariant.suite.scenarios import DRIVERS
 
@@ -32,7 +32,7 @@ def test_damage_plans_name_a_dcp_file_and_a_receipt_reason() -> None:
     for scenario in plan.SCENARIOS:
         if scenario.damage is None:
             continue
-        assert scenario.damage.target_suffix in (plan.METADATA_FILE, plan.SHARD_SUFFIX)
+        assert scenario.damage.target_suffix in (dcp_layout.METADATA_FILE, dcp_layout.SHARD_SUFFIX)
         assert scenario.damage.refusal in plan.FAILURE_REASONS
         # A removed file is reported missing; a flipped byte keeps the size, so its digest fails.
         expected = "missing" if scenario.damage.kind == "remove" else "digest"
@@ -56,7 +56,9 @@ def test_torchrun_arguments_start_with_the_elastic_job_and_name_the_rank_module(
     [(7, 2, [4, 3]), (5, 4, [2, 2, 1, 0]), (0, 2, [0, 0])],
 )
 def test_shard_rows_follow_torch_chunk(rows: int, world_size: int, expected: list[int]) -> None:
-    assert [plan.expected_shard_rows(rows, world_size, r) for r in range(world_size)] == expected
+    assert [
+        dcp_layout.expected_shard_rows(rows, world_size, r) for r in range(world_size)
+    ] == expected
 
 
 def test_a_fixture_plan_derives_resumes_reshards_and_the_restart() -> None:

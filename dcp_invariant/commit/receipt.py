@@ -17,10 +17,9 @@ from pathlib import Path
 
 from dcp_invariant import canonical, regular_file
 from dcp_invariant.commit.errors import Failure, ReceiptError, ReceiptMismatch, SealError
+from dcp_invariant.dcp_layout import METADATA_FILE  # DCP's only commit marker
 
 SCHEMA = "dcp-invariant/receipt/1"
-# DCP's only commit marker: FileSystemWriter.finish() renames it into place last.
-METADATA_FILE = ".metadata"
 _REGULAR_ONLY = "a checkpoint may hold regular files only"
 
 

@@ -13,6 +13,7 @@ import itertools
 from pathlib import Path
 
 from dcp_invariant import canonical
+from dcp_invariant.dcp_layout import METADATA_FILE
 from dcp_invariant.errors import BadWorldSize, NotACheckpoint
 from dcp_invariant.inspection import estimate, generation, metadata, records, storage, tiling
 from dcp_invariant.inspection.budget import Budget
@@ -35,19 +36,17 @@ def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Rep
         raise NotACheckpoint(f"{shown} is not a directory: {_WROTE}") from None
     except (OSError, ValueError) as exc:
         raise NotACheckpoint(f"{shown} cannot be listed ({exc}): {_WROTE}") from None
-    meta_entry = entries.get(metadata.METADATA_FILE)
+    meta_entry = entries.get(METADATA_FILE)
     if meta_entry is None:
         raise NotACheckpoint(
-            f"{shown} has no {metadata.METADATA_FILE}: {_WROTE}; DCP writes it last, so a "
+            f"{shown} has no {METADATA_FILE}: {_WROTE}; DCP writes it last, so a "
             "save that did not finish has none"
         )
     receipt = generation.check(directory)
     problems = list(receipt.problems) if receipt is not None else []
     report = Report(str(directory), None, receipt, None, ())
     if not storage.is_regular(meta_entry):
-        problems.insert(
-            0, Problem("not a regular file", f"{metadata.METADATA_FILE} is a {meta_entry.kind}")
-        )
+        problems.insert(0, Problem("not a regular file", f"{METADATA_FILE} is a {meta_entry.kind}"))
         return _with(report, problems)
     try:
         # A large checkpoint's records are millions of objects: read, checked and let go, all
@@ -59,7 +58,7 @@ def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Rep
         problems[0:0] = [Problem(exc.cause, reason) for reason in exc.reasons()]
         return _with(report, problems)
     except OSError as exc:
-        problems.insert(0, Problem("unreadable", f"{metadata.METADATA_FILE}: {exc}"))
+        problems.insert(0, Problem("unreadable", f"{METADATA_FILE}: {exc}"))
         return _with(report, problems)
     return Report(str(directory), contents, receipt, planned, tuple(found + problems))
 
@@ -70,7 +69,7 @@ def _checked(
     """What ``.metadata`` holds, the problems its records show, and the estimate asked for."""
     # One budget for reading .metadata and checking what it holds: both follow the references.
     budget = Budget()
-    meta = metadata.read(directory / metadata.METADATA_FILE, budget=budget)
+    meta = metadata.read(directory / METADATA_FILE, budget=budget)
     found = storage.check_items(meta)
     if meta.storage_data is not None:
         found += storage.check_files(meta.storage_data, entries)

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Final, TypeVar, cast
 
 from dcp_invariant import regular_file
+from dcp_invariant.dcp_layout import METADATA_FILE
 from dcp_invariant.inspection import admitted, records, tiling, unpickler
 from dcp_invariant.inspection.budget import Budget
 from dcp_invariant.inspection.errors import BadValues, MalformedMetadata, MetadataTooLarge
 from dcp_invariant.inspection.unpickler import Instance, PickledDict
 
-METADATA_FILE: Final = ".metadata"
 # A .metadata is read whole; larger than this, it is refused unread. DCP's grows by a few hundred
 # bytes per chunk: 512 MiB is millions of chunks.
 MAX_METADATA_BYTES: Final = 512 << 20

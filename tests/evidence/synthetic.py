@@ -15,7 +15,7 @@ from typing import Any
 
 from artifact_data import DATA_ARTIFACT, read_observations
 
-from dcp_invariant import plan
+from dcp_invariant import dcp_layout, plan
 from dcp_invariant.evidence import artifact, provenance, schema
 
 FIXTURE = "examples.mlp_fixture:fixture"
@@ -44,7 +44,7 @@ def keys(w: int, step: int) -> dict[str, str]:
 
 
 def files(w: int) -> list[dict[str, Any]]:
-    names = [plan.METADATA_FILE] + [f"__{r}_0.distcp" for r in range(w)]
+    names = [dcp_layout.METADATA_FILE] + [f"__{r}_0.distcp" for r in range(w)]
     return [{"path": n, "size": s} for n, s in zip(names, SIZES[w], strict=True)]
 
 

@@ -16,7 +16,7 @@ import pytest
 from artifact_data import DATA_ARTIFACT, read_observations
 from forge import reaggregate
 
-from dcp_invariant import plan
+from dcp_invariant import dcp_layout, plan
 from dcp_invariant.evidence import diagnosis, observation, rules
 
 Obs = dict[str, Any]
@@ -701,13 +701,15 @@ def test_a_resumed_step_that_differs_after_an_exact_load_is_state_outside_state_
     ],
 )
 def test_expected_shard_rows(rows: int, world_size: int, expected: list[int]) -> None:
-    assert [plan.expected_shard_rows(rows, world_size, r) for r in range(world_size)] == expected
+    assert [
+        dcp_layout.expected_shard_rows(rows, world_size, r) for r in range(world_size)
+    ] == expected
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
 def test_shards_cover_the_rows_exactly(world_size: int) -> None:
     for rows in range(0, 40):
-        shards = [plan.expected_shard_rows(rows, world_size, r) for r in range(world_size)]
+        shards = [dcp_layout.expected_shard_rows(rows, world_size, r) for r in range(world_size)]
         chunk = -(-rows // world_size)
         assert sum(shards) == rows
         assert all(0 <= s <= chunk for s in shards)

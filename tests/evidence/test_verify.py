@@ -469,7 +469,8 @@ before = set(sys.modules)
 from dcp_invariant import cli
 rc = cli.main(["verify", sys.argv[1]])
 allowed = {"dcp_invariant", "dcp_invariant.cli", "dcp_invariant.canonical", "dcp_invariant.runtimes",
-           "dcp_invariant.plan", "dcp_invariant.errors", "dcp_invariant.regular_file",
+           "dcp_invariant.plan", "dcp_invariant.dcp_layout", "dcp_invariant.fixture_inputs",
+           "dcp_invariant.errors", "dcp_invariant.regular_file",
            "dcp_invariant.python_api", "dcp_invariant.evidence"}
 ours = sorted(m for m in sys.modules if m.split(".")[0] == "dcp_invariant")
 outside = sorted(m for m in ours if m not in allowed and not m.startswith("dcp_invariant.evidence."))

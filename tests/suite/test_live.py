@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from cli_runs import REVISION, run_cli
 
-from dcp_invariant import canonical, plan
+from dcp_invariant import canonical, dcp_layout, plan
 from dcp_invariant.evidence import rules, schema
 from dcp_invariant.evidence.verify import verify_artifact
 from dcp_invariant.suite import pool, runner
@@ -248,7 +248,7 @@ def test_sealing_an_unfinished_save_fails_the_rank_exit_verdict(
     real_seal = receipt.seal
 
     def seal_anything(directory: Path, label: str) -> receipt.Receipt:
-        (directory / receipt.METADATA_FILE).write_bytes(b"")
+        (directory / dcp_layout.METADATA_FILE).write_bytes(b"")
         return real_seal(directory, label)
 
     monkeypatch.setattr("dcp_invariant.commit.store.receipt.seal", seal_anything)

@@ -3,7 +3,7 @@ was; and the ranks that load it do so through the pointer."""
 
 from __future__ import annotations
 
-from dcp_invariant import plan
+from dcp_invariant import dcp_layout, plan
 from dcp_invariant.evidence.families._groups import group_finished
 from dcp_invariant.evidence.families._record_parts import Obs
 from dcp_invariant.evidence.families.records import CommitRecord, GroupRecord
@@ -29,9 +29,11 @@ def _promoted(commit: CommitRecord, where: str) -> list[str]:
     if commit["receipt"] is None or commit["refused"]:
         reasons.append(f"{where}: promoted without a clean receipt ({refusals(commit)})")
     names = [f["path"] for f in commit["files"]]
-    if plan.METADATA_FILE not in names or not any(n.endswith(plan.SHARD_SUFFIX) for n in names):
+    if dcp_layout.METADATA_FILE not in names or not any(
+        n.endswith(dcp_layout.SHARD_SUFFIX) for n in names
+    ):
         reasons.append(
-            f"{where}: the generation lacks {plan.METADATA_FILE} or a {plan.SHARD_SUFFIX} shard: {names}"
+            f"{where}: the generation lacks {dcp_layout.METADATA_FILE} or a {dcp_layout.SHARD_SUFFIX} shard: {names}"
         )
     if commit["pointer_after"] is None or commit["pointer_after"] == commit["pointer_before"]:
         reasons.append(f"{where}: the pointer did not move to the new generation")
@@ -48,7 +50,7 @@ def exactly_dcp_files(
     """The commit's files are exactly those a DCP save by ``world_size`` ranks writes (without
     ``.metadata``: a save cut short)."""
     names = [f["path"] for f in commit["files"]]
-    expected = plan.dcp_files(world_size, metadata=metadata)
+    expected = dcp_layout.dcp_files(world_size, metadata=metadata)
     if names == expected:
         return []
     return [

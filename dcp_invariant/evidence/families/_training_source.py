@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dcp_invariant import plan
+from dcp_invariant import dcp_layout, plan
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import Check, boolean, integer, list_of, optional, record
 from dcp_invariant.evidence.families._groups import group_finished
@@ -121,6 +121,6 @@ def source_sightings(seen: Sightings, name: str, obs: Obs, run_plan: plan.Plan) 
             what = f"the files of the save after {n + 1} steps on {w} ranks"
             seen.add(what, name, "candidate.files", candidate["files"])
         # What a save cut short leaves: the same shards, no .metadata.
-        shards = [f for f in candidate["files"] if f["path"] != plan.METADATA_FILE]
+        shards = [f for f in candidate["files"] if f["path"] != dcp_layout.METADATA_FILE]
         what = f"the shards of the save after {n + 1} steps on {w} ranks"
         seen.add(what, name, "candidate's shards", shards)

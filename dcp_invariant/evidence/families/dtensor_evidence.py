@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dcp_invariant import plan
+from dcp_invariant import dcp_layout, plan
 from dcp_invariant.evidence.checks import integer, optional, record, string
 from dcp_invariant.evidence.families._groups import consensus, group_finished
 from dcp_invariant.evidence.families._promotion import (
@@ -69,7 +69,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
 
 
 def _shard_shape(rank: Obs, rows: int, rest: list[int], world_size: int, where: str) -> list[str]:
-    expected = [plan.expected_shard_rows(rows, world_size, rank["rank"]), *rest]
+    expected = [dcp_layout.expected_shard_rows(rows, world_size, rank["rank"]), *rest]
     if rank["local_shape"] != expected:
         return [
             f"{where} rank {rank['rank']}: local shard shape {rank['local_shape']}, expected {expected}"

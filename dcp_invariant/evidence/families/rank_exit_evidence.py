@@ -3,7 +3,7 @@ promoted."""
 
 from __future__ import annotations
 
-from dcp_invariant import plan
+from dcp_invariant import dcp_layout, plan
 from dcp_invariant.evidence.checks import integer, record, string
 from dcp_invariant.evidence.families._groups import consensus, rank_set, timed_out
 from dcp_invariant.evidence.families._promotion import (
@@ -82,8 +82,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if candidate is not None:
         if candidate["sealed"] or candidate["seal_error"] is None:
             reasons.append("candidate: a crashed writer's candidate was sealed")
-        if any(f["path"] == plan.METADATA_FILE for f in candidate["files"]):
-            reasons.append(f"candidate: the crashed save left a {plan.METADATA_FILE} commit marker")
+        if any(f["path"] == dcp_layout.METADATA_FILE for f in candidate["files"]):
+            reasons.append(
+                f"candidate: the crashed save left a {dcp_layout.METADATA_FILE} commit marker"
+            )
         else:
             # Every rank wrote its shard before the collective that failed: one died right after
             # writing, the other's write is local and finishes first.
