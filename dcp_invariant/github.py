@@ -19,7 +19,7 @@ from pathlib import Path
 from dcp_invariant import plan, regular_file
 from dcp_invariant.errors import ArtifactNameError, UseNumberError
 from dcp_invariant.evidence import rules, schema
-from dcp_invariant.evidence.verify import Report, verify_artifact
+from dcp_invariant.evidence.verify import Verification, verify_artifact
 
 MAX_REASON_CHARS = 300
 # actions/upload-artifact refuses these in a name.
@@ -72,7 +72,7 @@ MAX_SUMMARY_BYTES = 900_000
 MAX_HASHED_BYTES = schema.MAX_FIXTURE_FILE_BYTES
 
 
-def outputs(directory: Path, report: Report | None) -> dict[str, str]:
+def outputs(directory: Path, report: Verification | None) -> dict[str, str]:
     """Step outputs: verdict, passed, failed, valid, problems, manifest-sha256, evidence-dir."""
     results = report.results if report is not None else {}
     passed = sum(r["verdict"] == "pass" for r in results.values())
@@ -102,7 +102,7 @@ def manifest_sha256(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def summary(directory: Path, report: Report | None) -> str:
+def summary(directory: Path, report: Verification | None) -> str:
     """Markdown for ``$GITHUB_STEP_SUMMARY``: a verdict line, a table, problems folded away.
 
     At most MAX_SUMMARY_BYTES of UTF-8, whatever the artifact holds.
@@ -186,7 +186,7 @@ def _size(lines: list[str]) -> int:
     return sum(len(line.encode("utf-8")) + 1 for line in lines)
 
 
-def report_for(directory: Path) -> Report | None:
+def report_for(directory: Path) -> Verification | None:
     try:
         is_dir = directory.is_dir()
     except (OSError, ValueError):  # a name too long, or one the OS cannot take
@@ -238,7 +238,7 @@ def _absolute(directory: Path) -> str:
         return os.path.abspath(directory)
 
 
-def _names(report: Report | None) -> tuple[str, ...]:
+def _names(report: Verification | None) -> tuple[str, ...]:
     return (report.run_plan if report is not None else plan.REGISTERED).names
 
 

@@ -15,7 +15,7 @@ from artifact_data import Observations, Rebuild
 
 from dcp_invariant import cli, errors, github, plan
 from dcp_invariant.evidence import schema
-from dcp_invariant.evidence.verify import Report, verify_artifact
+from dcp_invariant.evidence.verify import Verification, verify_artifact
 
 OUTPUTS = ["verdict", "passed", "failed", "valid", "problems", "manifest-sha256", "evidence-dir"]
 
@@ -410,6 +410,6 @@ def test_github_report_stops_quietly_when_stdout_is_closed(data_artifact: Path) 
 
 
 def test_summary_of_a_report_with_no_results(tmp_path: Path) -> None:
-    report = Report(problems=["x: not a directory"])
+    report = Verification(problems=["x: not a directory"])
     markdown = github.summary(tmp_path, report)
     assert markdown.startswith("## dcp-invariant: invalid artifact (1 problems)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dcp_invariant.suite.worker import Report
+from dcp_invariant.suite.worker import Reporter
 
 FINALIZED = "finalized.txt"
 
@@ -20,12 +20,12 @@ class _Finalizer:
 _KEPT: list[_Finalizer] = []
 
 
-def keep_a_finalizer(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def keep_a_finalizer(rank: int, world_size: int, payload: dict[str, Any], report: Reporter) -> None:
     _KEPT.append(_Finalizer())
     report({"rank": rank})
 
 
-def exit_with(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def exit_with(rank: int, world_size: int, payload: dict[str, Any], report: Reporter) -> None:
     import torch.distributed as dist
 
     # Until every rank has joined: a rank that leaves while a peer is still connecting fails

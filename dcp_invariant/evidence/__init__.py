@@ -5,6 +5,6 @@ Standard library only, and nothing from the torch-running suite: a downloaded ar
 checked on any machine (the package-boundary tests hold it to an allow-list).
 """
 
-from dcp_invariant.evidence.verify import Report, verify_artifact
+from dcp_invariant.evidence.verify import Verification, verify_artifact
 
-__all__ = ["Report", "verify_artifact"]
+__all__ = ["Verification", "verify_artifact"]

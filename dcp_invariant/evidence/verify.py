@@ -26,7 +26,7 @@ _MAX_ENTRIES = 4 * len(schema.artifact_files(["x"] * (8 + 56 + 1)))
 
 
 @dataclass
-class Report:
+class Verification:
     problems: list[str] = field(default_factory=list)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The registered suite's plan, or the fixture plan its provenance records.
@@ -48,14 +48,14 @@ class Report:
         )
 
 
-def verify_artifact(directory: Path) -> Report:
+def verify_artifact(directory: Path) -> Verification:
     """Verify the artifact in ``directory``; every problem is reported, nothing is raised.
 
     Only the artifact's own regular files are opened, never what a symlink, the manifest or
     a name with ``..`` points at; files the plan does not name and files over its size bound
     are reported without being read.
     """
-    report = Report()
+    report = Verification()
     unread: set[str] = set()
     files = _read_files(Path(directory), report, unread)
     if files is not None:
@@ -63,14 +63,16 @@ def verify_artifact(directory: Path) -> Report:
     return report
 
 
-def verify_files(files: Mapping[str, bytes]) -> Report:
+def verify_files(files: Mapping[str, bytes]) -> Verification:
     """Verify an artifact given as its files' bytes by relative path: every check but reading."""
-    report = Report(artifact_like=bool({schema.MANIFEST_FILE, schema.PROVENANCE_FILE} & set(files)))
+    report = Verification(
+        artifact_like=bool({schema.MANIFEST_FILE, schema.PROVENANCE_FILE} & set(files))
+    )
     _verify(dict(files), report, set())
     return report
 
 
-def _verify(files: dict[str, bytes], report: Report, unread: set[str]) -> None:
+def _verify(files: dict[str, bytes], report: Verification, unread: set[str]) -> None:
     problems = report.problems
     run_plan, recorded = _check_provenance(files.get(schema.PROVENANCE_FILE), problems)
     report.run_plan = run_plan
@@ -123,7 +125,7 @@ def _runtime_attested(recorded: dict[str, Any], observations: dict[str, Any]) ->
     return problems
 
 
-def _read_files(root: Path, report: Report, unread: set[str]) -> dict[str, bytes] | None:
+def _read_files(root: Path, report: Verification, unread: set[str]) -> dict[str, bytes] | None:
     """The artifact's regular files by relative path; problems for anything else found."""
     problems = report.problems
     shown_root = canonical.shown(root.name or str(root))

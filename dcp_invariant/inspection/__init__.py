@@ -2,6 +2,6 @@
 running its pickle. Standard library only; imports nothing from the torch-running suite."""
 
 from dcp_invariant.inspection.checkpoint import inspect_checkpoint
-from dcp_invariant.inspection.report import Report
+from dcp_invariant.inspection.report import Inspection
 
-__all__ = ["Report", "inspect_checkpoint"]
+__all__ = ["Inspection", "inspect_checkpoint"]

@@ -19,13 +19,13 @@ from dcp_invariant.inspection import estimate, generation, metadata, records, st
 from dcp_invariant.inspection.budget import Budget
 from dcp_invariant.inspection.errors import MetadataProblem
 from dcp_invariant.inspection.problems import Problem
-from dcp_invariant.inspection.report import Contents, Report
+from dcp_invariant.inspection.report import Contents, Inspection
 
 MAX_WORLD_SIZE = 1 << 16
 _WROTE = "pass the directory dcp.save wrote (checkpoint_id)"
 
 
-def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Report:
+def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Inspection:
     """Check ``directory``; :class:`NotACheckpoint` if it is no DCP checkpoint directory at all."""
     shown = canonical.shown(canonical.printable(str(directory)))
     try:
@@ -44,7 +44,7 @@ def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Rep
         )
     receipt = generation.check(directory)
     problems = list(receipt.problems) if receipt is not None else []
-    report = Report(str(directory), None, receipt, None, ())
+    report = Inspection(str(directory), None, receipt, None, ())
     if not storage.is_regular(meta_entry):
         problems.insert(0, Problem("not a regular file", f"{METADATA_FILE} is a {meta_entry.kind}"))
         return _with(report, problems)
@@ -60,7 +60,7 @@ def inspect_checkpoint(directory: Path, *, world_size: int | None = None) -> Rep
     except OSError as exc:
         problems.insert(0, Problem("unreadable", f"{METADATA_FILE}: {exc}"))
         return _with(report, problems)
-    return Report(str(directory), contents, receipt, planned, tuple(found + problems))
+    return Inspection(str(directory), contents, receipt, planned, tuple(found + problems))
 
 
 def _checked(
@@ -85,8 +85,8 @@ def _checked(
     return _contents(meta, entries), found, planned
 
 
-def _with(report: Report, problems: list[Problem]) -> Report:
-    return Report(report.directory, None, report.receipt, None, tuple(problems))
+def _with(report: Inspection, problems: list[Problem]) -> Inspection:
+    return Inspection(report.directory, None, report.receipt, None, tuple(problems))
 
 
 def _contents(meta: records.Metadata, entries: dict[str, storage.Entry]) -> Contents:

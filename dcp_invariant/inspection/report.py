@@ -31,7 +31,7 @@ class Contents:
 
 
 @dataclass(frozen=True)
-class Report:
+class Inspection:
     directory: str
     contents: Contents | None  # None when .metadata could not be read
     receipt: ReceiptCheck | None  # None: not a dcp-invariant generation or sealed candidate

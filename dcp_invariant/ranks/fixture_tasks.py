@@ -46,10 +46,10 @@ from dcp_invariant.suite.scenarios.payloads import (
     FixtureTrain,
     ProbePhase,
 )
-from dcp_invariant.suite.worker import Report, loopback_gloo_options
+from dcp_invariant.suite.worker import Reporter, loopback_gloo_options
 
 
-def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Report) -> None:
+def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Reporter) -> None:
     """Check the fixture's interface before any scenario runs: a problem here is bad input.
 
     Problems with the module or with what the fixture returns are reported as ``problem``: a
@@ -148,7 +148,7 @@ def _stop_if_not_finite(loss: float, step: str) -> None:
         _fail(f"{step} returned {loss!r}, expected a finite float loss")
 
 
-def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Report) -> None:
+def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Reporter) -> None:
     """Take N steps, save through DCP, then take K more: the uninterrupted arm (or a source).
 
     With ``async_mode`` the save is ``dcp.async_save``, and step N+1 runs while its write is
@@ -312,7 +312,7 @@ def _save_while_stepping(
     return {"pending_during_step": pending, "staged_first": staged_first, "upload_error": error}
 
 
-def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: Report) -> None:
+def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: Reporter) -> None:
     """Load through the pointer into a fresh app, compare with the reference, take K steps."""
     spec = payload["fixture"]
     app = build_app(spec, rank, world_size, payload["fixture_args"])

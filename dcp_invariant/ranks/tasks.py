@@ -33,7 +33,7 @@ from dcp_invariant.suite.scenarios.payloads import (
     RuntimeVersions,
     TrainAndSave,
 )
-from dcp_invariant.suite.worker import Report, imported_versions
+from dcp_invariant.suite.worker import Reporter, imported_versions
 
 DTENSOR_DTYPE = getattr(torch, plan.DTENSOR.dtype.removeprefix("torch."))
 DTENSOR_SHAPE = plan.DTENSOR.shape
@@ -56,11 +56,13 @@ class _CrashingWriter(FileSystemWriter):  # type: ignore[misc]  # torch is Any t
         return future
 
 
-def runtime_versions(rank: int, world_size: int, payload: RuntimeVersions, report: Report) -> None:
+def runtime_versions(
+    rank: int, world_size: int, payload: RuntimeVersions, report: Reporter
+) -> None:
     report(imported_versions())
 
 
-def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Report) -> None:
+def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Reporter) -> None:
     """Train, save at each planned step, then (optionally) take the uninterrupted next step."""
     app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
     record: dict[str, Any] = {"rank": rank, "saves": [], "next": None}
@@ -82,7 +84,7 @@ def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Re
         report(record)
 
 
-def load_and_step(rank: int, world_size: int, payload: LoadAndStep, report: Report) -> None:
+def load_and_step(rank: int, world_size: int, payload: LoadAndStep, report: Reporter) -> None:
     """Load through the pointer into a fresh app; record what loaded and the next step."""
     app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
     record = load_through_pointer(payload["store"], {"app": app}, rank)
@@ -94,7 +96,7 @@ def load_and_step(rank: int, world_size: int, payload: LoadAndStep, report: Repo
     report({**record, **payload.get("extra", {})})
 
 
-def dtensor_save(rank: int, world_size: int, payload: DTensorSave, report: Report) -> None:
+def dtensor_save(rank: int, world_size: int, payload: DTensorSave, report: Reporter) -> None:
     mesh = init_device_mesh("cpu", (world_size,))
     global_tensor = (
         torch.arange(DTENSOR_SHAPE[0] * DTENSOR_SHAPE[1], dtype=DTENSOR_DTYPE).reshape(
@@ -114,7 +116,7 @@ def dtensor_save(rank: int, world_size: int, payload: DTensorSave, report: Repor
     )
 
 
-def dtensor_load(rank: int, world_size: int, payload: DTensorLoad, report: Report) -> None:
+def dtensor_load(rank: int, world_size: int, payload: DTensorLoad, report: Reporter) -> None:
     mesh = init_device_mesh("cpu", (world_size,))
     tensor = distribute_tensor(
         torch.zeros(DTENSOR_SHAPE, dtype=DTENSOR_DTYPE), mesh, DTENSOR_PLACEMENTS

@@ -29,8 +29,8 @@ from dcp_invariant import canonical
 from dcp_invariant.commit import durable
 from dcp_invariant.suite import reaper
 
-Report = Callable[[dict[str, Any]], None]
-Task = Callable[[int, int, dict[str, Any], Report], None]
+Reporter = Callable[[dict[str, Any]], None]
+Task = Callable[[int, int, dict[str, Any], Reporter], None]
 
 
 def result_path(group: str, rank: int) -> str:
@@ -410,7 +410,7 @@ def _print_traceback(exc: BaseException) -> None:
     sys.stdout.flush()
 
 
-def reporter(path: str) -> Report:
+def reporter(path: str) -> Reporter:
     def report(record: dict[str, Any]) -> None:
         durable.replace_file(Path(path), canonical.dumps(record))
 

@@ -20,7 +20,7 @@ from mutation_walk import DATA
 
 from dcp_invariant import canonical, github, plan
 from dcp_invariant.evidence import artifact, manifest, rules, schema
-from dcp_invariant.evidence.verify import Report, verify_artifact
+from dcp_invariant.evidence.verify import Verification, verify_artifact
 
 CORPUS = DATA / "hostile"
 _touched: list[str] | None = None
@@ -36,7 +36,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 sys.addaudithook(_audit)  # inert until watched_verify sets _touched
 
 
-def watched_verify(directory: Path) -> Report:
+def watched_verify(directory: Path) -> Verification:
     """``verify_artifact(directory)``, failing if it opened or listed anything outside it."""
     global _touched
     root = os.path.abspath(directory)

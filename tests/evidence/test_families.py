@@ -93,7 +93,7 @@ def test_the_check_finds_a_family_name_branch(source: str) -> None:
         (records.CommitRecord, record_parts.commit),
         (records.GroupRecord, record_parts.group(json_object)),
         (records.FileSize, record_parts.file_size),
-        (records.Failure, record_parts.failure),
+        (records.FailureRecord, record_parts.failure),
     ],
     ids=["commit", "group", "file_size", "failure"],
 )
@@ -116,7 +116,7 @@ def test_the_observation_base_is_what_every_family_shares() -> None:
 
 
 def test_a_failure_reason_is_one_the_plan_names() -> None:
-    reason = get_type_hints(records.Failure)["reason"]
+    reason = get_type_hints(records.FailureRecord)["reason"]
     assert get_args(reason) == plan.FAILURE_REASONS
 
 

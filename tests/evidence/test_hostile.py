@@ -24,7 +24,7 @@ from mutation_walk import DATA, read_artifact
 from dcp_invariant import canonical, cli, errors, github
 from dcp_invariant.evidence import manifest, schema
 from dcp_invariant.evidence.free_fields import free_field
-from dcp_invariant.evidence.verify import _MAX_ENTRIES, Report, verify_files
+from dcp_invariant.evidence.verify import _MAX_ENTRIES, Verification, verify_files
 
 ARTIFACT = DATA / "artifact"
 # Where a value sits in a JSON record: its keys and list indices from the top.
@@ -42,7 +42,7 @@ FUZZ = settings(
 )
 
 
-def _said(report: Report) -> list[str]:
+def _said(report: Verification) -> list[str]:
     return report.problems + [
         r
         for result in report.results.values()

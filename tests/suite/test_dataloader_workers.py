@@ -20,7 +20,7 @@ import pytest
 
 from dcp_invariant.suite import pool, workspace
 from dcp_invariant.suite.scenarios.payloads import Call
-from dcp_invariant.suite.worker import Report
+from dcp_invariant.suite.worker import Reporter
 
 pytestmark = pytest.mark.live
 
@@ -36,7 +36,7 @@ class _Parents:
         return os.getpid(), os.getppid()
 
 
-def loader_workers(rank: int, world_size: int, payload: dict[str, Any], report: Report) -> None:
+def loader_workers(rank: int, world_size: int, payload: dict[str, Any], report: Reporter) -> None:
     """A task: iterate a two-worker loader once; say where its workers ran and who started them."""
     if payload["loader"] == "stateful":
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader

@@ -81,8 +81,8 @@ shape = list_of(integer(0), max_items=8)
 
 step = record(loss=float_hex, digests=digests)
 
-# The shapes records.Failure, records.FileSize, records.CommitRecord, records.GroupRecord and
-# records.ObservationBase mirror, key for key.
+# The shapes records.FailureRecord, records.FileSize, records.CommitRecord, records.GroupRecord
+# and records.ObservationBase mirror, key for key.
 failure = record(path=string, reason=one_of(*plan.FAILURE_REASONS))
 
 file_size = record(path=string, size=integer(0))

@@ -18,7 +18,7 @@ class FileSize(TypedDict):
     size: int
 
 
-class Failure(TypedDict):
+class FailureRecord(TypedDict):
     """One reason a directory does not match its receipt."""
 
     path: str
@@ -35,7 +35,7 @@ class CommitRecord(TypedDict):
     receipt: str | None
     files: list[FileSize]
     promoted: bool
-    refused: list[Failure]
+    refused: list[FailureRecord]
     candidate_retained: bool
     pointer_before: str | None
     pointer_after: str | None

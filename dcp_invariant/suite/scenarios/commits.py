@@ -12,9 +12,8 @@ import stat
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from dcp_invariant.commit import CheckpointStore, PromotionRefused, SealError
-from dcp_invariant.commit.errors import Failure as StoreFailure
-from dcp_invariant.evidence.families.records import CommitRecord, Failure, FileSize
+from dcp_invariant.commit import CheckpointStore, Failure, PromotionRefused, SealError
+from dcp_invariant.evidence.families.records import CommitRecord, FailureRecord, FileSize
 
 
 class Interner:
@@ -100,7 +99,7 @@ def commit(
     return record
 
 
-def _failures(failures: list[StoreFailure]) -> list[Failure]:
+def _failures(failures: list[Failure]) -> list[FailureRecord]:
     """The protocol's failures as a commit record holds them (``Failure.to_record``, typed)."""
     return [{"path": f.path, "reason": f.reason} for f in failures]
 
