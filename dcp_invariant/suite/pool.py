@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -214,9 +215,19 @@ class _ForkServer:
 class _Standbys:
     """Elsewhere: spawned interpreters started ahead, each taking one job once imported."""
 
-    def __init__(self, ctx: Any, pool: WorkerPool) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        lock: threading.Lock,
+        timeout: float,
+        refuse_if_cancelled: Callable[[], None],
+    ) -> None:
         self._ctx = ctx
-        self._pool = pool  # its lock, timeout and cancellation
+        # The pool's: its lock (held around every call but imported_versions), how long a
+        # standby may take to import, and what raises once the run is being interrupted.
+        self._lock = lock
+        self._timeout = timeout
+        self._refuse_if_cancelled = refuse_if_cancelled
         self._standby: list[_Standby] = []  # idle spawned workers, oldest first
         self._home: Path | None = None
         self._keep = STANDBY  # idle standbys to keep; 0 once no scenario is left to start
@@ -244,17 +255,16 @@ class _Standbys:
         Reading them uses nothing up: the standby still takes a job of its own later, so the
         check before any scenario costs no interpreter.
         """
-        pool = self._pool
-        with pool._lock:
-            pool._refuse_if_cancelled()
+        with self._lock:
+            self._refuse_if_cancelled()
             self._refill(1)
             proc, conn = self._standby[0].process, self._standby[0].ready
         try:
-            ready = conn.poll(pool.timeout)  # waiting for the imports, without the lock
+            ready = conn.poll(self._timeout)  # waiting for the imports, without the lock
             versions: dict[str, str | None] = conn.recv() if ready else {}
         except (EOFError, OSError):
-            pool._refuse_if_cancelled()  # cancel() closed the pipe: an interrupt, not a failure
-            with pool._lock:
+            self._refuse_if_cancelled()  # cancel() closed the pipe: an interrupt, not a failure
+            with self._lock:
                 proc.join(CANCEL_GRACE_SECONDS)
                 raise StandbyFailed(proc.exitcode) from None
         if not ready:
@@ -315,7 +325,9 @@ class WorkerPool:
         self.method = method or start_method()
         ctx = multiprocessing.get_context(self.method)
         self._launcher: _Launcher = (
-            _ForkServer(ctx) if self.method == "forkserver" else _Standbys(ctx, self)
+            _ForkServer(ctx)
+            if self.method == "forkserver"
+            else _Standbys(ctx, self._lock, timeout, self._refuse_if_cancelled)
         )
 
     def start(self, workdir: Path) -> None:

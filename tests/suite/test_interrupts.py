@@ -10,13 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -30,59 +28,6 @@ pytestmark = pytest.mark.live
 TESTS = Path(__file__).resolve().parent.parent
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-
-
-def processes_with(marker: str) -> list[int]:
-    """PIDs whose environment mentions ``marker`` (this test's private TMPDIR)."""
-    found = []
-    needle = marker.encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def describe(pids: list[int]) -> list[str]:
-    """Each process's PID, parent, state and command line, for a failure message."""
-    out = []
-    for pid in pids:
-        try:
-            status = dict(
-                line.split(":\t", 1)
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                if ":\t" in line
-            )
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160]
-        except OSError:
-            continue
-        out.append(f"{pid} ppid={status.get('PPid')} {status.get('State')} {command.decode()}")
-    return out
-
-
-def torchrun_ranks_with(marker: str) -> list[int]:
-    """Of :func:`processes_with`, the torchrun job's ranks."""
-    found = []
-    for pid in processes_with(marker):
-        try:
-            if b"elastic_rank" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
-def wait_until(condition: Callable[..., object], seconds: float) -> bool:
-    # `...`: a caller in a loop binds the loop variable as a default, `lambda r=run: ...`.
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 class Run:
@@ -137,12 +82,16 @@ class Run:
 
     def wait_for(self, text: str, seconds: float = 120) -> None:
         """Until a verdict line (stdout) holds ``text``."""
-        assert wait_until(lambda: any(text in line for line in self.stdout), seconds), self.stdout
+        assert proc_state.wait_until(lambda: any(text in line for line in self.stdout), seconds), (
+            self.stdout
+        )
 
     def wait_for_torchrun(self, seconds: float = 120) -> None:
         """Until the torchrun job's ranks run (its scenario may be the first to finish, so not
         after any scenario has passed)."""
-        assert wait_until(lambda: torchrun_ranks_with(str(self.tmpdir)), seconds), self.stderr
+        assert proc_state.wait_until(
+            lambda: proc_state.torchrun_ranks_with(str(self.tmpdir)), seconds
+        ), self.stderr
 
     def finish(self, seconds: float) -> int:
         try:
@@ -181,7 +130,7 @@ def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(
 
     def too_late() -> None:
         if proc_state.alive(run.proc.pid):  # not yet reaped, the PID is still the runner's
-            late.extend(describe(processes_with(str(run.tmpdir))))
+            late.extend(proc_state.describe(proc_state.processes_with(str(run.tmpdir))))
             run.proc.send_signal(signal.SIGABRT)
 
     watcher = threading.Timer(2.5, too_late)
@@ -196,8 +145,8 @@ def test_a_signal_stops_the_run_within_two_seconds_leaving_nothing(
     assert "Traceback" not in "".join(run.stderr)
     assert not run.output.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
-    assert wait_until(lambda: not processes_with(str(run.tmpdir)), 2.0), processes_with(
-        str(run.tmpdir)
+    assert proc_state.wait_until(lambda: not proc_state.processes_with(str(run.tmpdir)), 2.0), (
+        proc_state.processes_with(str(run.tmpdir))
     )
     assert run.leftovers() == []
 
@@ -211,18 +160,20 @@ def test_after_sigkill_the_children_follow_and_the_next_run_sweeps_the_workspace
     run.wait_for_torchrun()
     run.proc.kill()
     run.finish(seconds=30)
-    assert wait_until(lambda: not processes_with(str(run.tmpdir)), 2.5), processes_with(
-        str(run.tmpdir)
+    assert proc_state.wait_until(lambda: not proc_state.processes_with(str(run.tmpdir)), 2.5), (
+        proc_state.processes_with(str(run.tmpdir))
     )
     # The runner ran no cleanup; its guardian removed the workspace and multiprocessing's
     # directory once every process was gone, and the short directory that held the latter.
-    assert wait_until(lambda: not list(run.tmpdir.iterdir()), SETTLE), list(run.tmpdir.iterdir())
-    assert wait_until(lambda: not stray_socket_holders(before), SETTLE), stray_socket_holders(
-        before
+    assert proc_state.wait_until(lambda: not list(run.tmpdir.iterdir()), SETTLE), list(
+        run.tmpdir.iterdir()
+    )
+    assert proc_state.wait_until(lambda: not stray_socket_holders(before), SETTLE), (
+        stray_socket_holders(before)
     )
     # And the output directory's lock and staging directory (issue #28): its parent holds what
     # it held before the run, and no output directory, the run having been killed.
-    assert wait_until(lambda: beside_output(run) == [], SETTLE), beside_output(run)
+    assert proc_state.wait_until(lambda: beside_output(run) == [], SETTLE), beside_output(run)
     assert not run.output.exists()
 
 
@@ -255,18 +206,9 @@ def stray_socket_holders(before: set[Path]) -> set[Path]:
     stray = set()
     for holder in socket_holders() - before:
         owner = workspace.socket_holder_owner(holder)
-        if owner is None or not running(owner):
+        if owner is None or not proc_state.alive(owner):
             stray.add(holder)
     return stray
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` names a process that has not exited (a zombie has)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return re.search(r"^State:\s+Z", status, re.M) is None
 
 
 @linux_only
@@ -390,17 +332,19 @@ def test_a_fixture_run_interrupted_at_any_moment_leaves_nothing(
         code = run.finish(seconds=30)
         elapsed = time.monotonic() - started
         settle = 2.5 if signame == "SIGKILL" else 2.0
-        gone = wait_until(lambda r=run: not processes_with(str(r.tmpdir)), settle)
-        survivors = describe(processes_with(str(run.tmpdir)))
-        for pid in processes_with(str(run.tmpdir)):
+        gone = proc_state.wait_until(
+            lambda r=run: not proc_state.processes_with(str(r.tmpdir)), settle
+        )
+        survivors = proc_state.describe(proc_state.processes_with(str(run.tmpdir)))
+        for pid in proc_state.processes_with(str(run.tmpdir)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        emptied = wait_until(lambda r=run: not list(r.tmpdir.iterdir()), SETTLE)
+        emptied = proc_state.wait_until(lambda r=run: not list(r.tmpdir.iterdir()), SETTLE)
         left = [] if emptied else sorted(p.name for p in run.tmpdir.iterdir())
-        if not wait_until(lambda: not stray_socket_holders(holders), SETTLE):
+        if not proc_state.wait_until(lambda: not stray_socket_holders(holders), SETTLE):
             left += sorted(str(p) for p in stray_socket_holders(holders))
         # Beside the output directory: its lock and staging directory, gone too.
-        if not wait_until(lambda r=run: beside_output(r) == [], SETTLE):
+        if not proc_state.wait_until(lambda r=run: beside_output(r) == [], SETTLE):
             left += beside_output(run)
         text = "".join(run.stderr)
         label = f"{start_method} {signame} at {moment} s"
