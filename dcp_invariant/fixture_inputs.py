@@ -76,7 +76,7 @@ def fixture_args(given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
                 f"fixture argument {name}: the tool passes rank and world_size itself; "
                 "choose another name"
             )
-        problem = unrecordable(name, value)
+        problem = _unrecordable(name, value)
         if problem is not None:
             raise PlanError(f"fixture argument {name}: the value must be JSON {problem}")
     if len(json.dumps(dict(given), sort_keys=True)) > MAX_FIXTURE_ARGS_BYTES:
@@ -84,7 +84,7 @@ def fixture_args(given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(given.items()))
 
 
-def unrecordable(name: str, value: Any) -> str | None:
+def _unrecordable(name: str, value: Any) -> str | None:
     """Why the evidence cannot record ``value`` exactly, or None: what the plan records must be
     what the fixture got, in canonical JSON (:mod:`dcp_invariant.canonical`).
 

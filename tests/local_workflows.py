@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,14 @@ class Runs:
         return [o for o in outcomes if isinstance(o, local_runner.JobResult) and not o.skipped]
 
 
+def _attempt(run: Callable[[], local_runner.JobResult]) -> Outcome:
+    """``run()``'s result, or what stopped the runner: that job's test then fails alone."""
+    try:
+        return run()
+    except (OSError, subprocess.SubprocessError, local_runner.UnsupportedWorkflow) as exc:
+        return exc
+
+
 def run_all(root: Path, *, ci: bool = True, release: bool = True) -> Runs:
     """Every job this machine can run, each under ``root``: ci.yml's (if ``ci``) and the release
     builds (if ``release``)."""
@@ -183,16 +192,10 @@ def run_all(root: Path, *, ci: bool = True, release: bool = True) -> Runs:
 
         def run_ci(i: int) -> Outcome:
             reason, overrides = plans[i]
-            try:
-                return runner.run(jobs[i], lambda job: reason, overrides)
-            except (OSError, subprocess.SubprocessError, local_runner.UnsupportedWorkflow) as exc:
-                return exc
+            return _attempt(lambda: runner.run(jobs[i], lambda job: reason, overrides))
 
         def run_release(tag: str) -> Outcome:
-            try:
-                return releases[tag].run(build)
-            except (OSError, subprocess.SubprocessError, local_runner.UnsupportedWorkflow) as exc:
-                return exc
+            return _attempt(lambda: releases[tag].run(build))
 
         live = [i for i, j in enumerate(jobs) if j.on_linux and runs_live_tests(j)]
         rest = [i for i in range(len(jobs)) if i not in live]

@@ -33,14 +33,9 @@ pytestmark = [
 ]
 
 
-def _release(runs: Any, which: str) -> tuple[Any, Path]:
-    """The build job's result on a push of the version's tag or of another, and what it
-    uploaded."""
-    import local_workflows
-
-    run = runs.release[
-        {"version": local_workflows.VERSION_TAG, "other": local_workflows.OTHER_TAG}[which]
-    ]
+def _release(runs: Any, tag: str) -> tuple[Any, Path]:
+    """The build job's result on a push of ``tag``, and what it uploaded."""
+    run = runs.release[tag]
     if isinstance(run.outcome, BaseException):
         raise run.outcome
     if run.outcome.skipped:
@@ -58,7 +53,9 @@ def test_the_release_build_jobs_package_tests_are_the_package_jobs() -> None:
 
 
 def test_the_release_build_job_passes_on_the_versions_tag(workflow_runs: Any) -> None:
-    result, uploads = _release(workflow_runs, "version")
+    import local_workflows
+
+    result, uploads = _release(workflow_runs, local_workflows.VERSION_TAG)
     print(result.report())
 
     assert result.passed, f"{result.report()}\n{result.failures()}"
@@ -79,7 +76,9 @@ def test_the_release_build_job_passes_on_the_versions_tag(workflow_runs: Any) ->
 def test_a_tag_that_is_not_the_version_stops_the_release_before_the_build(
     workflow_runs: Any,
 ) -> None:
-    result, uploads = _release(workflow_runs, "other")
+    import local_workflows
+
+    result, uploads = _release(workflow_runs, local_workflows.OTHER_TAG)
     outcomes = {s.name: s.outcome for s in result.steps}
 
     assert outcomes["The tag is the package's version"] == "failure"

@@ -352,6 +352,16 @@ def test_fixture_arguments_reach_the_fixture_and_the_plan(tmp_path: Path) -> Non
 # --- what the user did wrong: bad input exits 2 before any scenario ---------------------------
 
 
+def _refused_as_bad_input(proc: subprocess.CompletedProcess[str], out: Path) -> str:
+    """The one line a run refused as bad input says: exit 2, no traceback, nothing written."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dcp-invariant: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+    return lines[0]
+
+
 # Once for each place bad input is found: the fixture's module, imported before any scenario,
 # and its app, probed in a worker. Each kind of problem is named in the tests of what finds it:
 # tests/suite/test_fixture.py (the module and the callable), tests/ranks/test_fixture_tasks.py
@@ -372,12 +382,8 @@ def test_a_fixture_outside_the_interface_is_one_line_and_exit_2(
 ) -> None:
     out = tmp_path / "out"
     proc = run_cli("run", "--fixture", fixture, "--output-dir", str(out), cwd=TESTS)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dcp-invariant: error: "), proc.stderr
-    assert message in lines[0], lines[0]
-    assert "Traceback" not in proc.stderr
-    assert not out.exists()
+    line = _refused_as_bad_input(proc, out)
+    assert message in line, line
 
 
 def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -386,13 +392,9 @@ def test_a_fixture_module_that_cannot_be_imported_is_one_line_and_exit_2(tmp_pat
     (tmp_path / "broken_fixture.py").write_text(source)
     out = tmp_path / "out"
     proc = run_fixture("broken_fixture:fixture", out, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dcp-invariant: error: "), proc.stderr
+    line = _refused_as_bad_input(proc, out)
     where = f"{(tmp_path / 'broken_fixture.py').resolve()}:3: "
-    assert f"importing 'broken_fixture' failed: {where}SyntaxError: expected ':'" in lines[0]
-    assert "Traceback" not in proc.stderr
-    assert not out.exists()
+    assert f"importing 'broken_fixture' failed: {where}SyntaxError: expected ':'" in line, line
 
 
 def test_a_non_finite_loss_after_the_probe_is_a_classified_failure(tmp_path: Path) -> None:

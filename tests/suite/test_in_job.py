@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import proc_state
 import pytest
 from cli_runs import REVISION
 
@@ -327,13 +328,9 @@ def _workers(job: Job) -> dict[int, int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            # The parent's PID is the field after the parenthesised command name.
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid in agents:
-            found[int(entry.name)] = agents[ppid]
+        fields = proc_state.stat(int(entry.name))  # state, then the parent's PID
+        if fields is not None and len(fields) > 1 and int(fields[1]) in agents:
+            found[int(entry.name)] = agents[int(fields[1])]
     return found
 
 
