@@ -373,7 +373,13 @@ def test_an_interrupt_to_either_agent_ends_every_workers_of_both(
         # Ctrl-C reaches the agent alone: torchrun starts each worker in a session of its own.
         job.agents[agent].send_signal(getattr(signal, signame))
         signalled = time.monotonic()
-        while (alive := _workers(job)) and time.monotonic() - signalled < STOP_BOUND:
+        # A worker whose agent has exited is reparented, so it is no longer found by its parent:
+        # each one seen is followed until it is gone.
+        seen = set(_workers(job))
+        while time.monotonic() - signalled < STOP_BOUND:
+            seen |= set(_workers(job))
+            if not (alive := {pid for pid in seen if proc_state.alive(pid)}):
+                break
             time.sleep(0.1)
         survivors = [
             line for line in _processes_using(job.checkpoint) if int(line.split(":")[0]) in alive
