@@ -429,7 +429,8 @@ def _run(args: argparse.Namespace) -> int:
         if added:
             later.append(f"fail  {result.name:<24} compared with the other scenarios")
             later += [f"      - {reason}" for reason in added]
-    _print_lines([*later, report.summary])
+    notes = [f"note: {note}" for note in report.notes]
+    _print_lines([*later, *notes, report.summary])
     return EXIT_OK if report.passed else EXIT_FAIL
 
 

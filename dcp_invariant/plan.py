@@ -8,7 +8,7 @@ recorded beside the evidence and checked against what was observed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from dcp_invariant import dcp_layout, fixture_inputs
@@ -20,6 +20,11 @@ Family = Literal[
 # How an async_resume scenario saves: dcp.async_save in thread mode, with the default
 # synchronous staging or with DefaultStager's background staging, or in process mode.
 AsyncMode = Literal["thread", "staged", "process"]
+# Who writes and reads a fixture's checkpoints: the tool, through ``dcp.save``/``dcp.load`` of
+# the app's ``state_dict()``, or the app itself, through its own ``save(dir)``/``load(dir)``
+# (its framework's checkpoint code: ``fabric.save``, ``accelerator.save_state``, ...).
+Checkpointing = Literal["dcp", "app"]
+CHECKPOINTINGS: tuple[Checkpointing, ...] = get_args(Checkpointing)
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 # Training scenarios: the fixture takes this many steps, is saved, and (where the plan says so)
@@ -66,8 +71,9 @@ FAILURE_REASONS: tuple[FailureReason, ...] = get_args(FailureReason)
 # the app's state_dict() that the checkpoint lacks, or whose saved size differs from the app's
 # (create_default_local_load_plan in torch/distributed/checkpoint/default_planner.py); DCP then
 # raises on every rank, naming each rank's own failure (CheckpointException in
-# torch/distributed/checkpoint/api.py). "another rank": this rank's own plan was fine.
-LoadFailure = Literal["missing key", "size mismatch", "another rank", "error"]
+# torch/distributed/checkpoint/api.py). "another rank": this rank's own plan was fine. "app
+# load": an app that saves itself raised in its own load().
+LoadFailure = Literal["missing key", "size mismatch", "another rank", "error", "app load"]
 LOAD_FAILURES: tuple[LoadFailure, ...] = get_args(LoadFailure)
 
 DamageKind = Literal["remove", "flip"]
@@ -103,6 +109,10 @@ class Scenario:
     summary: str
     damage: Damage | None = None
     async_mode: AsyncMode | None = None
+    # Who saves and loads (an app may save itself), and whether its state is compared: the
+    # rules name the cause by them (dcp_invariant/evidence/diagnosis.py).
+    checkpointing: Checkpointing = "dcp"
+    compares_state: bool = True
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -194,6 +204,10 @@ class Plan:
     rank_local: tuple[str, ...] = ()
     # An in-job plan: how torchrun launched the job the checks ran in.
     launch: Launch | None = None
+    checkpointing: Checkpointing = "dcp"
+    # False for an app that saves itself and has no state_dict(): its resumes are judged by
+    # their losses alone, as its note says (:attr:`note`).
+    compares_state: bool = True
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -227,11 +241,47 @@ class Plan:
             (self.candidate_label, self.steps_before + 1),
         ]
 
+    def checkpointed_by(self, checkpointing: Checkpointing, compares_state: bool = True) -> Plan:
+        """This fixture plan for an app checkpointed so: its own scenarios (:func:`fixture_plan`).
+
+        PlanError where the parameters do not fit it (rank-local components of an app that
+        saves itself, or an app of DCP's shape without state).
+        """
+        if (checkpointing, compares_state) == (self.checkpointing, self.compares_state):
+            return self
+        return fixture_plan(
+            self.fixture,
+            self.world_sizes,
+            self.steps_before,
+            self.steps_after,
+            self.arguments,
+            self.rank_local,
+            checkpointing,
+            compares_state,
+        )
+
+    @property
+    def note(self) -> str | None:
+        """What a run of this plan could not check, for the console to say."""
+        if self.compares_state:
+            return None
+        return (
+            f"{self.fixture}'s app has no state_dict(): each resume is judged by its losses "
+            "alone; give it state_dict() and load_state_dict() to have what its load() "
+            "restored compared key by key"
+        )
+
     def to_record(self) -> dict[str, Any]:
         """What provenance records of a fixture run; :func:`plan_from_record` reads it back."""
         launch = {} if self.launch is None else {"launch": self.launch.to_record()}
+        # Recorded only when the app saves itself: a DCP run's plan, and so its evidence, reads
+        # as it did before apps could.
+        own = {} if self.checkpointing == "dcp" else {"checkpointing": self.checkpointing}
+        stateless = {} if self.compares_state else {"compares_state": False}
         return {
             **launch,
+            **own,
+            **stateless,
             "fixture": self.fixture,
             "fixture_args": self.arguments,
             "kind": self.kind,
@@ -342,8 +392,15 @@ def fixture_plan(
     steps_after: int = DEFAULT_STEPS_AFTER,
     fixture_args: Mapping[str, Any] | None = None,
     rank_local: Sequence[str] = (),
+    checkpointing: Checkpointing = "dcp",
+    compares_state: bool = True,
 ) -> Plan:
-    """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar."""
+    """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar.
+
+    An app that saves itself (``checkpointing="app"``) is resumed at each world size and across
+    torchrun's restart: what its framework writes is its own, so the tool neither reshards it
+    nor makes its save asynchronous. ``compares_state`` False: it has no ``state_dict()``.
+    """
     fixture_inputs.check_fixture_spec(fixture)
     sizes = tuple(world_sizes)
     if (
@@ -370,6 +427,42 @@ def fixture_plan(
         )
         for w in sizes
     ]
+    if checkpointing not in CHECKPOINTINGS:
+        raise PlanError(f"checkpointing {checkpointing!r}: give one of {list(CHECKPOINTINGS)}")
+    if compares_state is not True and (compares_state is not False or checkpointing == "dcp"):
+        raise PlanError(
+            f"compares_state {compares_state!r}: only an app that saves itself may have no state"
+        )
+    if checkpointing == "app":
+        if local:
+            raise PlanError(
+                f"--rank-local {local[0]}: an app that saves itself is never resharded by the "
+                "tool, so nothing is left out of a load; drop --rank-local"
+            )
+        if 2 in sizes:
+            scenarios.append(ELASTIC_SCENARIO)
+        for i, scenario in enumerate(scenarios):
+            summary = scenario.summary
+            if scenario.family == "resume":
+                summary = (
+                    f"{n}+{k} steps on {scenario.source_world_size} rank(s); fresh ranks load "
+                    f"step {n} with the app's own load() and match the last {k}"
+                )
+            scenarios[i] = replace(
+                scenario, summary=summary, checkpointing="app", compares_state=compares_state
+            )
+        return Plan(
+            "fixture",
+            fixture,
+            sizes,
+            n,
+            k,
+            tuple(scenarios),
+            arguments,
+            local,
+            checkpointing="app",
+            compares_state=compares_state,
+        )
     scenarios += [
         Scenario(
             f"reshard_{a}_to_{b}",
@@ -444,8 +537,17 @@ def plan_from_record(record: Any) -> Plan:
         "steps_before",
         "world_sizes",
     }
-    if not isinstance(record, dict) or set(record) != keys:
-        raise PlanError(f"plan: expected exactly the keys {sorted(keys)}")
+    if not isinstance(record, dict) or set(record) - {"checkpointing", "compares_state"} != keys:
+        raise PlanError(
+            f"plan: expected exactly the keys {sorted(keys)} (and checkpointing, compares_state)"
+        )
+    # Absent for a DCP run (Plan.to_record); present, it names the app's own checkpointing.
+    checkpointing = record.get("checkpointing", "dcp")
+    if "checkpointing" in record and checkpointing != "app":
+        raise PlanError(f"plan: checkpointing {checkpointing!r}, expected 'app' or no key")
+    compares_state = record.get("compares_state", True)
+    if "compares_state" in record and compares_state is not False:
+        raise PlanError(f"plan: compares_state {compares_state!r}, expected false or no key")
     if record["kind"] != "fixture":
         raise PlanError(f"plan: kind {record['kind']!r}, expected 'fixture'")
     sizes = record["world_sizes"]
@@ -463,6 +565,8 @@ def plan_from_record(record: Any) -> Plan:
         record["steps_after"],
         record["fixture_args"],
         local,
+        checkpointing,
+        compares_state,
     )
     if record["scenarios"] != list(derived.names):
         raise PlanError(

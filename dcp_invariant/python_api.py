@@ -54,6 +54,7 @@ class Report:
     results: Mapping[str, ScenarioResult]  # in the plan's order
     diagnoses: tuple[Diagnosis, ...]  # ranked: the likeliest root cause first
     artifact: Path | None  # the evidence directory; None when the run wrote none
+    notes: tuple[str, ...] = ()  # what the run could not check (plan.Plan.note)
 
     @property
     def summary(self) -> str:
@@ -68,7 +69,7 @@ class Report:
         return line if self.artifact is None else f"{line}; evidence in {self.artifact}"
 
     def __str__(self) -> str:
-        lines = [f"dcp-invariant: {self.summary}"]
+        lines = [f"dcp-invariant: {self.summary}", *(f"note: {note}" for note in self.notes)]
         for diagnosis in self.diagnoses:
             lines.append(f"{diagnosis.cause} ({', '.join(diagnosis.scenarios) or 'the run'}):")
             lines += [f"  - {reason}" for reason in dict.fromkeys(diagnosis.reasons)]
@@ -157,9 +158,9 @@ def run_plan(
                     torch_distribution=suite.torch_distribution,
                     torch_runtime=suite.torch_runtime,
                     numpy=suite.numpy,
-                    run_plan=run,
+                    run_plan=suite.run_plan,
                 )
-                return finish(suite.observations, record, run, reservation)
+                return finish(suite.observations, record, suite.run_plan, reservation)
             finally:
                 reservation.release()  # before the guardian hears that the run ended
     finally:
@@ -194,6 +195,7 @@ def finish(
         MappingProxyType(results),
         ranked(results.values()),
         reservation.target,
+        () if run.note is None else (run.note,),
     )
 
 

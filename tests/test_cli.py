@@ -646,7 +646,7 @@ def test_what_comparing_scenarios_adds_is_printed_before_the_verdict(
             reasons = rules.derive(name, observations[name], run_plan=run_plan)
             on_finish(runner.Finished(name, "fail" if reasons else "pass", 0.0, reasons, []))
         return runner.SuiteRun(
-            observations, kept["torch_distribution"], kept["torch_runtime"], kept["numpy"]
+            run_plan, observations, kept["torch_distribution"], kept["torch_runtime"], kept["numpy"]
         )
 
     monkeypatch.setattr(runner, "run_suite", fake_run_suite)

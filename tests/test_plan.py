@@ -85,6 +85,41 @@ def test_a_fixture_plan_derives_resumes_reshards_and_the_restart() -> None:
     assert plan.plan_from_record(the_plan.to_record()) == the_plan
 
 
+def test_an_app_that_saves_itself_is_resumed_at_each_world_size_and_across_the_restart() -> None:
+    """What the app's framework writes is its own: the tool neither reshards it nor makes its
+    save asynchronous. The record names the checkpointing only then, so a DCP run's evidence
+    reads as before."""
+    dcp = plan.fixture_plan("m:f", (1, 2, 4), 5, 2)
+    own = dcp.checkpointed_by("app")
+    assert own.names == ("resume_1", "resume_2", "resume_4", "elastic_restart_2_to_2")
+    assert own.scenario("resume_2").summary == (
+        "5+2 steps on 2 rank(s); fresh ranks load step 5 with the app's own load() and match "
+        "the last 2"
+    )
+    assert own.checkpointed_by("dcp") == dcp and dcp.checkpointed_by("dcp") is dcp
+    assert "checkpointing" not in dcp.to_record()
+    assert own.to_record()["checkpointing"] == "app"
+    assert plan.plan_from_record(own.to_record()) == own
+    assert plan.fixture_plan("m:f", (1, 4), checkpointing="app").names == ("resume_1", "resume_4")
+    assert own.note is None and dcp.note is None
+
+
+def test_an_app_without_state_is_judged_by_its_losses_and_says_so() -> None:
+    losses_only = plan.fixture_plan("m:f", (1, 2)).checkpointed_by("app", compares_state=False)
+    assert losses_only.names == ("resume_1", "resume_2", "elastic_restart_2_to_2")
+    assert losses_only.to_record()["compares_state"] is False
+    assert plan.plan_from_record(losses_only.to_record()) == losses_only
+    assert losses_only.note is not None
+    assert losses_only.note.startswith("m:f's app has no state_dict(): each resume is judged")
+    with pytest.raises(errors.PlanError, match="only an app that saves itself may have no state"):
+        plan.fixture_plan("m:f", (1,), compares_state=False)
+
+
+def test_rank_local_components_of_an_app_that_saves_itself_are_refused() -> None:
+    with pytest.raises(errors.PlanError, match=r"--rank-local data: an app that saves itself"):
+        plan.fixture_plan("m:f", (1, 2), rank_local=["data"]).checkpointed_by("app")
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -136,6 +171,10 @@ def test_fixture_arguments_and_rank_local_components_are_recorded_and_read_back(
         (lambda r: r.update(rank_local=["b", "a"]), "rank_local must be a sorted list"),
         (lambda r: r.update(fixture_args=[1]), "fixture_args must be an object"),
         (lambda r: r.update(fixture_args={"rank": 0}), "passes rank and world_size itself"),
+        (lambda r: r.update(checkpointing="dcp"), "checkpointing 'dcp', expected 'app' or no"),
+        (lambda r: r.update(checkpointing="app"), "are not the ones its parameters give"),
+        (lambda r: r.update(compares_state=True), "compares_state True, expected false or no"),
+        (lambda r: r.update(compares_state=False), "only an app that saves itself may have no"),
     ],
 )
 def test_a_recorded_plan_is_held_to_the_grammar_and_to_its_scenarios(

@@ -100,14 +100,21 @@ def hash_file(path: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def seal(directory: Path, label: str) -> Receipt:
-    """Inventory ``directory``; refuse anything but a flat set of regular files with ``.metadata``."""
+def seal(directory: Path, label: str, marker: str | None = METADATA_FILE) -> Receipt:
+    """Inventory ``directory``; refuse anything but a flat set of regular files with ``marker``.
+
+    ``marker``: the file a finished save writes last, DCP's ``.metadata``; None for a save
+    whose end only its caller knows (an app's own, returned on every rank), which must still
+    have written something.
+    """
     names = _regular_files(directory)
-    if METADATA_FILE not in names:
+    if marker is not None and marker not in names:
         raise SealError(
-            f"{label}: no {METADATA_FILE}; the save did not finish (DCP writes it last), "
+            f"{label}: no {marker}; the save did not finish (DCP writes it last), "
             "so this candidate cannot be sealed"
         )
+    if not names:
+        raise SealError(f"{label}: the save wrote no file, so there is nothing to seal")
     entries = []
     for name in names:
         size, sha = hash_file(directory / name)

@@ -47,6 +47,7 @@ from dcp_invariant.commit.errors import (
 from dcp_invariant.commit.lineage import SUFFIX as LINEAGE_SUFFIX
 from dcp_invariant.commit.lineage import Lineage
 from dcp_invariant.commit.receipt import Receipt
+from dcp_invariant.dcp_layout import METADATA_FILE
 
 POINTER_FILE = "pointer.json"
 LOCK_FILE = "store.lock"
@@ -70,9 +71,15 @@ class Generation:
 
 class CheckpointStore:
     def __init__(
-        self, root: str | os.PathLike[str], *, lock_timeout: float = LOCK_TIMEOUT_SECONDS
+        self,
+        root: str | os.PathLike[str],
+        *,
+        lock_timeout: float = LOCK_TIMEOUT_SECONDS,
+        marker: str | None = METADATA_FILE,
     ) -> None:
+        """``marker``: the file a candidate's finished save writes last (:func:`.receipt.seal`)."""
         self.root = Path(root)
+        self.marker = marker
         self.candidates = self.root / "candidates"
         self.generations = self.root / "generations"
         self.pointer_path = self.root / POINTER_FILE
@@ -99,7 +106,7 @@ class CheckpointStore:
         self._real_directory(self.candidates, SealError)
         self._real_directory(directory, SealError)
         self._refuse_sealed(label)
-        sealed = receipt.seal(directory, label)
+        sealed = receipt.seal(directory, label, self.marker)
         for entry in sealed.files:
             durable.fsync(directory / entry.path)
         durable.fsync(directory)

@@ -86,18 +86,21 @@ class Record:
     """The check :func:`record` makes. Its ``names`` stay readable, so a typed mirror of the
     record (a TypedDict the code that builds it uses) can be held to exactly these keys."""
 
-    def __init__(self, fields: dict[str, Check]) -> None:
+    def __init__(self, fields: dict[str, Check], omissible: dict[str, Check] | None = None) -> None:
         self.names = frozenset(fields)
-        self._ordered = sorted(fields.items())
+        # Keys a record may leave out (written only when they say something).
+        self.omissible = frozenset(omissible or {})
+        self._ordered = sorted({**fields, **(omissible or {})}.items())
 
     def __call__(self, value: Any, where: str) -> list[str]:
         if not isinstance(value, dict):
             return [f"{where}: expected an object, got {type_name(value)}"]
         problems: list[str] = []
         names = self.names
-        if value.keys() != names:
+        if value.keys() - self.omissible != names:
             problems += [f"{where}: missing key {k!r}" for k in sorted(names - value.keys())]
-            problems += [f"{where}: unknown key {k!r}" for k in sorted(value.keys() - names)]
+            unknown = value.keys() - names - self.omissible
+            problems += [f"{where}: unknown key {k!r}" for k in sorted(unknown)]
         for key, inner in self._ordered:
             if key in value:
                 problems += inner(value[key], f"{where}.{key}")
@@ -106,6 +109,11 @@ class Record:
 
 def record(**fields: Check) -> Record:
     return Record(fields)
+
+
+def record_omitting(omissible: dict[str, Check], **fields: Check) -> Record:
+    """A record of ``fields``, which may also hold any of ``omissible``."""
+    return Record(fields, omissible)
 
 
 def json_object(value: Any, where: str) -> list[str]:

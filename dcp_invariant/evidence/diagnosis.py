@@ -18,12 +18,18 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dcp_invariant import plan
+
 Keys = Mapping[str, str]
 
 KEY_ENTRY = re.compile(r"(\S{1,80}) ([0-9a-f]{64})")
 MAX_KEYS_NAMED = 8
 ROUND_TRIP = "did not round-trip through DCP"
 OUTSIDE_STATE_DICT = "state outside state_dict()"
+# The same two causes for an app that saves itself: its own save() and load() lost a key, or
+# (with no state_dict() to compare) its resumed steps differ.
+APP_ROUND_TRIP = "did not round-trip through the app's save() and load()"
+NOT_RESTORED = "not restored by the app's load()"
 NONDETERMINISTIC = "non-deterministic fixture"
 NON_FINITE = "non-finite loss"
 # A group killed at its deadline (families._groups.timed_out); check() reports a fixture whose
@@ -74,18 +80,35 @@ def named(keys: list[str]) -> str:
     return shown + (f" (+{len(keys) - MAX_KEYS_NAMED} more)" if len(keys) > MAX_KEYS_NAMED else "")
 
 
+def round_trip_cause(scenario: plan.Scenario) -> str:
+    """Cause 1 as a scenario names it: through DCP, or through the app's own save and load."""
+    return ROUND_TRIP if scenario.checkpointing == "dcp" else APP_ROUND_TRIP
+
+
+def outside_cause(scenario: plan.Scenario) -> tuple[str, str]:
+    """Cause 2 as a scenario names it, and what to check: state the tool compared yet the
+    steps differ, or, for an app that shows none, steps that differ after its own load."""
+    if scenario.compares_state:
+        return OUTSIDE_STATE_DICT, SUSPECTS
+    return NOT_RESTORED, (
+        "the app has no state_dict(), so what its load() restored could not be compared: "
+        + SUSPECTS
+    )
+
+
 def round_trip(
     where: str,
     saved: Keys,
     loaded: Keys,
     saved_elsewhere: Mapping[int, Keys],
     diffs: Sequence[Mapping[str, Any]],
+    cause: str = ROUND_TRIP,
 ) -> list[str]:
     """Cause 1 for one rank: every key whose loaded record differs from the saved one."""
     reasons: list[str] = []
     keys = differing_keys(saved, loaded)
     for key in keys[:MAX_KEYS_NAMED]:
-        head = f"{ROUND_TRIP}: {where}: {key}"
+        head = f"{cause}: {where}: {key}"
         if key not in loaded:
             reasons.append(f"{head}: saved {kind(saved[key])}, missing after load")
         elif key not in saved and kind(loaded[key]) == "map[0]":
@@ -98,8 +121,11 @@ def round_trip(
                 f"(dtype or shape changed){_magnitude(diffs, 'loaded', key)}"
             )
         else:
+            # DCP keeps one copy of a replicated value; an app's own save is its own affair.
             owner = [
-                r for r, other in sorted(saved_elsewhere.items()) if other.get(key) == loaded[key]
+                r
+                for r, other in sorted(saved_elsewhere.items())
+                if other.get(key) == loaded[key] and cause == ROUND_TRIP
             ]
             tail = (
                 f"; it holds rank {owner[0]}'s saved value: DCP keeps one copy of a value that is "
@@ -112,7 +138,7 @@ def round_trip(
                 f"{_magnitude(diffs, 'loaded', key)}{tail}"
             )
     if len(keys) > MAX_KEYS_NAMED:
-        reasons.append(f"{ROUND_TRIP}: {where}: {len(keys) - MAX_KEYS_NAMED} more keys differ")
+        reasons.append(f"{cause}: {where}: {len(keys) - MAX_KEYS_NAMED} more keys differ")
     return reasons
 
 
@@ -143,8 +169,10 @@ def step_divergence(
     diffs: Sequence[Mapping[str, Any]],
     steps_before: int,
     loaded_equals_saved: bool,
+    outside: tuple[str, str] = (OUTSIDE_STATE_DICT, SUSPECTS),
 ) -> list[str]:
-    """The first resumed step whose loss or state differs from the uninterrupted run."""
+    """The first resumed step whose loss or state differs from the uninterrupted run;
+    ``outside``: the cause and advice when what was loaded equals what was saved."""
     for index, (want, got) in enumerate(zip(reference, resumed, strict=False), start=1):
         keys = differing_keys(want["keys"], got["keys"])
         if want["loss"] == got["loss"] and not keys:
@@ -161,11 +189,9 @@ def step_divergence(
             return [
                 f"{where}: {step} differs, a consequence of the keys above: " + "; ".join(facts)
             ]
-        reasons = [
-            f"{OUTSIDE_STATE_DICT}: {where}: loaded == saved, but {step} differs: "
-            + "; ".join(facts)
-            + f"; {SUSPECTS}"
-        ]
+        cause, advice = outside
+        lead = "loaded == saved, but" if cause == OUTSIDE_STATE_DICT else "after the app's load(),"
+        reasons = [f"{cause}: {where}: {lead} {step} differs: " + "; ".join(facts) + f"; {advice}"]
         if any(re.search(r"\.param_groups\.\d+\.lr$", k) for k in keys):
             reasons.append(
                 f"{OUTSIDE_STATE_DICT}: {where}: the learning rate itself differs after {step}: an LR "
@@ -207,7 +233,9 @@ CHANGED_DURING_SAVE = "changed during the save"
 # did not round-trip explains every later difference, so it comes first.
 RANKED_CAUSES = (
     ROUND_TRIP,
+    APP_ROUND_TRIP,
     OUTSIDE_STATE_DICT,
+    NOT_RESTORED,
     NONDETERMINISTIC,
     DOES_NOT_RESHARD,
     NOT_LOADED,

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
@@ -28,12 +28,14 @@ from torch.distributed.checkpoint.state_dict_saver import (
     AsyncSaveResponse,
     async_save,
 )
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from dcp_invariant.ranks import state_keys
+from dcp_invariant.plan import Checkpointing
+from dcp_invariant.ranks import checkpointing, state_keys
 from dcp_invariant.ranks.tasks import load_through_pointer
 from dcp_invariant.suite.fixture import (
+    Anchored,
     FixtureError,
+    broken_interface,
     build_app,
     checked_loss,
     checked_state,
@@ -58,25 +60,42 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
     code propagates, so its traceback reaches the log.
     """
     spec = payload["fixture"]
+    shape: Checkpointing | None = None  # who checkpoints the app, once it is built
+    has_state: bool | None = None
 
     def entering(phase: ProbePhase) -> None:
         # Each phase is recorded as it starts: a probe that times out is then reported by the
         # phase it was stuck in (runner._probe_timeout).
-        record: FixtureProbeRecord = {"problem": None, "phase": phase, "threads": []}
+        record: FixtureProbeRecord = {
+            "problem": None,
+            "phase": phase,
+            "threads": [],
+            "checkpointing": shape,
+            "has_state": has_state,
+        }
         report(dict(record))
 
     try:
         entering("build")
         app = build_app(spec, rank, world_size, payload["fixture_args"])
+        shape, has_state = app.checkpointing, app.has_state
         entering("state_dict")
-        _rank_local_present(spec, app.state_dict(), payload["rank_local"])
-        _probe_state(spec, app.state_dict())
+        if app.has_state:
+            _rank_local_present(spec, app.state_dict(), payload["rank_local"])
+            _probe_state(spec, app.state_dict())
         entering("step")
         checked_loss(spec, app.step())
         entering("state_dict_after_step")
-        _probe_state(spec, app.state_dict())
+        if app.has_state:
+            _probe_state(spec, app.state_dict())
     except (FixtureError, state_keys.StateKeyError) as exc:
-        problem: FixtureProbeRecord = {"problem": str(exc), "phase": "done", "threads": []}
+        problem: FixtureProbeRecord = {
+            "problem": str(exc),
+            "phase": "done",
+            "threads": [],
+            "checkpointing": shape,
+            "has_state": has_state,
+        }
         report(dict(problem))
         return
     # The worker cannot exit while a thread that is not a daemon runs: CPython joins every one
@@ -86,7 +105,13 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
     threads = [
         t.name for t in threading.enumerate() if t is not current and not t.daemon and t.is_alive()
     ]
-    done: FixtureProbeRecord = {"problem": None, "phase": "done", "threads": threads}
+    done: FixtureProbeRecord = {
+        "problem": None,
+        "phase": "done",
+        "threads": threads,
+        "checkpointing": shape,
+        "has_state": has_state,
+    }
     report(dict(done))
 
 
@@ -120,22 +145,11 @@ def _probe_state(spec: str, state: Any) -> None:
             ) from None
 
 
-def _fail(message: str) -> NoReturn:
-    """The loop broke the interface after the probe: one line in the rank's log, exit 1.
-
-    The tool's own frames would say nothing the line does not (worker.run prints a traceback
-    for what a task raises); the scenario fails on the exit code, and the line reaches the
-    console with the log.
-    """
-    print(f"fixture: {message}", flush=True)
-    raise SystemExit(1)
-
-
 def _loss(spec: str, app: Any) -> float:
     try:
         return loss_value(spec, app.step())
     except FixtureError as exc:
-        _fail(str(exc))
+        broken_interface(str(exc))
 
 
 def _stop_if_not_finite(loss: float, step: str) -> None:
@@ -145,7 +159,7 @@ def _stop_if_not_finite(loss: float, step: str) -> None:
     dcp_invariant/evidence/families/_fixture_arms.py); the exit code stops the scenario's later groups.
     """
     if not math.isfinite(loss):
-        _fail(f"{step} returned {loss!r}, expected a finite float loss")
+        broken_interface(f"{step} returned {loss!r}, expected a finite float loss")
 
 
 def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Reporter) -> None:
@@ -157,6 +171,7 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
     spec = payload["fixture"]
     n = payload["steps_before"]
     app = build_app(spec, rank, world_size, payload["fixture_args"])
+    checkpointing.expect(app, payload["checkpointing"])
     record: dict[str, Any] = {"losses_before": [], "rank": rank, "saved": None, "steps": []}
     for step in range(1, n + 1):
         loss = _loss(spec, app)
@@ -166,7 +181,7 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
             _stop_if_not_finite(loss, f"step {step}")
     mode = payload.get("async_mode")
     if mode is None:
-        dcp_save({"app": app}, storage_writer=FileSystemWriter(payload["checkpoint"]))
+        checkpointing.save(app, payload["checkpoint"])
         record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
     else:
         # The state at the save is what the checkpoint must hold, whatever comes after.
@@ -316,9 +331,12 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
     """Load through the pointer into a fresh app, compare with the reference, take K steps."""
     spec = payload["fixture"]
     app = build_app(spec, rank, world_size, payload["fixture_args"])
+    checkpointing.expect(app, payload["checkpointing"])
     left_out = payload["rank_local"]
-    loadable = _WithoutComponents(app, left_out) if left_out else app
-    record = load_through_pointer(payload["store"], {"app": loadable}, rank, record_load_error=True)
+    loadable = _WithoutComponents(app, left_out) if left_out else None
+    record = load_through_pointer(
+        payload["store"], checkpointing.loader(app, loadable), rank, record_load_error=True
+    )
     record.update(loaded=None, steps=[], diffs=[])
     record.setdefault("load_error", None)
     if not record["verified_before_load"] or record["load_error"] is not None:
@@ -368,28 +386,31 @@ class _WithoutComponents:
         )
 
 
-def _leaves(spec: str, app: Any) -> dict[str, Any]:
+def _leaves(spec: str, app: Anchored) -> dict[str, Any]:
     """The app's state by key, global values; what the probe refused, refused again here.
 
     The probe saw the state before and after one step only: what DCP cannot save, or this tool
     cannot hash, if it appears later, ends the rank with one line instead of a traceback of
-    this tool's frames.
+    this tool's frames. An app that saves itself and has no ``state_dict()`` has no keys: its
+    resume is judged by its losses alone.
     """
+    if not app.has_state:
+        return {}
     try:
         state = checked_state(spec, app.state_dict())
         problem = state_keys.refusal(state)
         if problem is not None:
-            _fail(f"state_dict() holds {problem}")
+            broken_interface(f"state_dict() holds {problem}")
         return state_keys.gather(state)
     except (FixtureError, state_keys.StateKeyError) as exc:
-        _fail(str(exc))
+        broken_interface(str(exc))
 
 
 def _record(leaves: dict[str, Any]) -> dict[str, str]:
     try:
         return state_keys.record(leaves)
     except TypeError as exc:
-        _fail(f"state_dict() holds {exc}")
+        broken_interface(f"state_dict() holds {exc}")
 
 
 def _observe(spec: str, app: Any, snapshots: str | None, rank: int, phase: str) -> dict[str, str]:

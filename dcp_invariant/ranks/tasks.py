@@ -24,8 +24,9 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from dcp_invariant import plan
 from dcp_invariant.commit import ReceiptMismatch
 from dcp_invariant.commit.store import CheckpointStore
+from dcp_invariant.ranks import checkpointing
 from dcp_invariant.ranks.digest import component_digests, value_digest
-from dcp_invariant.suite.fixture import build_app
+from dcp_invariant.suite.fixture import Anchored, build_app
 from dcp_invariant.suite.scenarios.payloads import (
     DTensorLoad,
     DTensorSave,
@@ -65,6 +66,7 @@ def runtime_versions(
 def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Reporter) -> None:
     """Train, save at each planned step, then (optionally) take the uninterrupted next step."""
     app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
+    checkpointing.expect(app, payload["checkpointing"])
     record: dict[str, Any] = {"rank": rank, "saves": [], "next": None}
     steps = 0
     for save in payload["saves"]:
@@ -72,12 +74,11 @@ def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Re
             app.step()
             steps += 1
         crash = save.get("crash")
-        if crash is None:
-            writer = FileSystemWriter(save["checkpoint"])
-        else:
+        writer = None
+        if crash is not None:
             writer = _CrashingWriter(save["checkpoint"], crash["rank"], crash["exit_code"])
-        dcp_save({"app": app}, storage_writer=writer)
-        record["saves"].append(component_digests(app.state_dict()))
+        checkpointing.save(app, save["checkpoint"], writer)
+        record["saves"].append(_digests(app))
         report(record)
     if payload["reference_step"]:
         record["next"] = _step(app)
@@ -87,11 +88,12 @@ def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Re
 def load_and_step(rank: int, world_size: int, payload: LoadAndStep, report: Reporter) -> None:
     """Load through the pointer into a fresh app; record what loaded and the next step."""
     app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
-    record = load_through_pointer(payload["store"], {"app": app}, rank)
+    checkpointing.expect(app, payload["checkpointing"])
+    record = load_through_pointer(payload["store"], checkpointing.loader(app), rank)
     record["loaded"] = None
     record["next"] = None
     if record["verified_before_load"]:
-        record["loaded"] = component_digests(app.state_dict())
+        record["loaded"] = _digests(app)
         record["next"] = _step(app)
     report({**record, **payload.get("extra", {})})
 
@@ -121,7 +123,9 @@ def dtensor_load(rank: int, world_size: int, payload: DTensorLoad, report: Repor
     tensor = distribute_tensor(
         torch.zeros(DTENSOR_SHAPE, dtype=DTENSOR_DTYPE), mesh, DTENSOR_PLACEMENTS
     )
-    record = load_through_pointer(payload["store"], {"tensor": tensor}, rank)
+    record = load_through_pointer(
+        payload["store"], lambda path: dcp_load({"tensor": tensor}, checkpoint_id=path), rank
+    )
     record["local_shape"] = None
     record["global_digest"] = None
     if record["verified_before_load"]:
@@ -131,13 +135,14 @@ def dtensor_load(rank: int, world_size: int, payload: DTensorLoad, report: Repor
 
 
 def load_through_pointer(
-    store_root: str, state: dict[str, Any], rank: int, *, record_load_error: bool = False
+    store_root: str, load: checkpointing.Loader, rank: int, *, record_load_error: bool = False
 ) -> dict[str, Any]:
-    """Resolve and verify the pointer's generation, load it, verify it again.
+    """Resolve and verify the pointer's generation, ``load`` it, verify it again.
 
     ``generation`` is the raw receipt digest; the driver turns it into a stable label.
     ``record_load_error``: a load DCP refuses is recorded as ``load_error`` (a reshard's keys
-    that do not fit, say) instead of ending the rank with a traceback.
+    that do not fit, say), and so is the app's own load's exception, instead of ending the rank
+    with a traceback.
     """
     store = CheckpointStore(store_root)
     record: dict[str, Any] = {
@@ -157,11 +162,18 @@ def load_through_pointer(
     if record_load_error:
         record["load_error"] = None
         try:
-            dcp_load(state, checkpoint_id=str(generation.path))
+            load(str(generation.path))
         except CheckpointException as exc:
             record["load_error"] = load_failure(exc, rank)
+        except checkpointing.AppLoadFailed as exc:
+            # Only the type: the message may hold paths (the generation's, for one).
+            record["load_error"] = {
+                "kind": "app load",
+                "key": None,
+                "exception": type(exc.error).__name__,
+            }
     else:
-        dcp_load(state, checkpoint_id=str(generation.path))
+        load(str(generation.path))
     try:
         store.verify(generation)
     except ReceiptMismatch as exc:
@@ -196,4 +208,9 @@ def load_failure(exc: CheckpointException, rank: int) -> dict[str, Any]:
 
 def _step(app: Any) -> dict[str, Any]:
     loss = app.step()
-    return {"loss": float(loss).hex(), "digests": component_digests(app.state_dict())}
+    return {"loss": float(loss).hex(), "digests": _digests(app)}
+
+
+def _digests(app: Anchored) -> dict[str, str]:
+    """Each component's digest; none for an app that saves itself and has no state_dict()."""
+    return component_digests(app.state_dict()) if app.has_state else {}

@@ -1,8 +1,11 @@
 """The fixture interface every training scenario goes through, the registered one included.
 
-A fixture is a callable ``(rank, world_size) -> app``; the app follows DCP's ``Stateful``
-protocol plus ``step()``. Each top-level key of ``app.state_dict()`` is a component that is
-digested and compared on its own, so a failed resume names the component that diverged.
+A fixture is a callable ``(rank, world_size) -> app``. The app has ``step()`` and one of two
+checkpointing shapes: DCP's ``Stateful`` protocol (``state_dict()``/``load_state_dict()``; the
+tool saves and loads ``{"app": app}`` through DCP), or its own ``save(dir)``/``load(dir)`` (its
+framework's checkpoint code, which the tool calls and never replaces). Each top-level key of
+``app.state_dict()``, where there is one, is a component that is digested and compared on its
+own, so a failed resume names the component that diverged.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import sysconfig
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 from dcp_invariant.errors import Error
+from dcp_invariant.plan import Checkpointing
 
 
 @runtime_checkable
@@ -32,7 +36,22 @@ class App(Protocol):
         ...
 
 
-Fixture = Callable[..., App]  # (rank, world_size, **fixture_args)
+@runtime_checkable
+class SavingApp(Protocol):
+    """An app that writes and reads its own checkpoints (``state_dict()`` is optional)."""
+
+    def save(self, checkpoint_dir: str) -> None:
+        """Write this rank's part of a checkpoint into ``checkpoint_dir``, which exists."""
+        ...
+
+    def load(self, checkpoint_dir: str) -> None:
+        """Restore this rank's state from a checkpoint ``save`` wrote into ``checkpoint_dir``."""
+        ...
+
+    def step(self) -> float: ...
+
+
+Fixture = Callable[..., App | SavingApp]  # (rank, world_size, **fixture_args)
 
 
 class FixtureError(Error, ValueError):
@@ -189,15 +208,33 @@ class Anchored:
     ``.metadata``: ``StorageMeta.checkpoint_id`` in torch/distributed/checkpoint/metadata.py,
     and the evidence must hold no path), so a loop that calls ``os.chdir`` would otherwise
     send DCP's reads and writes into its own directory.
+
+    ``checkpointing`` says who saves: ``"app"`` when the app has its own ``save`` and ``load``
+    (then ``state_dict()`` is optional: ``has_state``), else ``"dcp"``.
     """
 
-    def __init__(self, app: App, home: str) -> None:
+    def __init__(self, app: Any, home: str) -> None:
         self.app = app
         self._home = home
+        self.checkpointing: Checkpointing = "app" if _saves_itself(app) else "dcp"
+        self.has_state = callable(getattr(app, "state_dict", None))
+
+    def save(self, checkpoint_dir: str) -> None:
+        try:
+            self.app.save(checkpoint_dir)
+        finally:
+            os.chdir(self._home)
+
+    def load(self, checkpoint_dir: str) -> None:
+        try:
+            self.app.load(checkpoint_dir)
+        finally:
+            os.chdir(self._home)
 
     def state_dict(self) -> dict[str, Any]:
         try:
-            return self.app.state_dict()
+            state: dict[str, Any] = self.app.state_dict()
+            return state
         finally:
             os.chdir(self._home)
 
@@ -209,30 +246,61 @@ class Anchored:
 
     def step(self) -> float:
         try:
-            return self.app.step()
+            loss: float = self.app.step()
+            return loss
         finally:
             os.chdir(self._home)
 
 
+def _has(app: Any, method: str) -> bool:
+    return callable(getattr(app, method, None))
+
+
+def _saves_itself(app: Any) -> bool:
+    return _has(app, "save") and _has(app, "load")
+
+
+# The two shapes an app may have, as a message names them.
+_SHAPES = (
+    "the app needs step() -> float and either state_dict() and load_state_dict(sd) (the tool "
+    "saves through DCP) or save(checkpoint_dir) and load(checkpoint_dir) (the app saves itself)"
+)
+
+
 def build_app(
     spec: str, rank: int, world_size: int, arguments: Mapping[str, Any] | None = None
-) -> App:
+) -> Anchored:
     home = os.getcwd()
     try:
         app = load_fixture(spec, arguments)(rank, world_size, **(arguments or {}))
     finally:
         os.chdir(home)
-    missing = [
-        m for m in ("state_dict", "load_state_dict", "step") if not callable(getattr(app, m, None))
-    ]
+    check_shape(spec, app)
+    return Anchored(app, home)
+
+
+def check_shape(spec: str, app: Any) -> None:
+    """The app has ``step()`` and a whole checkpointing shape; else one line naming what lacks."""
+    kind = type(app).__name__
+    if _has(app, "save") != _has(app, "load"):
+        has, lacks = ("save", "load") if _has(app, "save") else ("load", "save")
+        raise FixtureError(
+            f"fixture {spec!r} returned a {kind} with {has}() but no {lacks}(): an app that "
+            f"saves itself needs both save(checkpoint_dir) and load(checkpoint_dir)"
+        )
+    if _saves_itself(app):
+        needed = ["step"]
+        if _has(app, "state_dict") != _has(app, "load_state_dict"):
+            needed += ["state_dict", "load_state_dict"]
+    else:
+        needed = ["state_dict", "load_state_dict", "step"]
+    missing = [m for m in needed if not _has(app, m)]
     if missing:
         raise FixtureError(
-            f"fixture {spec!r} returned a {type(app).__name__}, which lacks "
+            f"fixture {spec!r} returned a {kind}, which lacks "
             + ", ".join(f"{m}()" for m in missing)
-            + ": the app needs state_dict(), load_state_dict(sd) and step() -> float"
+            + f": {_SHAPES}"
         )
-    assert isinstance(app, App)
-    return Anchored(app, home)
 
 
 def checked_state(spec: str, state: Any) -> Mapping[str, Any]:
@@ -266,3 +334,14 @@ def loss_value(spec: str, loss: Any) -> float:
     if isinstance(loss, bool):
         raise FixtureError(f"fixture {spec!r}: step() returned {loss!r}, expected a float loss")
     return value
+
+
+def broken_interface(message: str) -> NoReturn:
+    """The loop broke the interface after the probe: one line in the rank's log, exit 1.
+
+    The tool's own frames would say nothing the line does not (worker.run prints a traceback
+    for what a task raises); the scenario fails on the exit code, and the line reaches the
+    console with the log.
+    """
+    print(f"fixture: {message}", flush=True)
+    raise SystemExit(1)

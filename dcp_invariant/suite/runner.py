@@ -51,6 +51,7 @@ class Finished:
 
 @dataclass
 class SuiteRun:
+    run_plan: plan.Plan  # as run: a fixture's, with who checkpoints its app (the probe's finding)
     observations: dict[str, dict[str, Any]]
     torch_distribution: str
     torch_runtime: str
@@ -98,17 +99,7 @@ def run_suite(
     distribution = installed_torch()
     runtimes.require(distribution)
     assert distribution is not None
-    names = run_plan.names if names is None else names
     fixture = run_plan.fixture if fixture is None else fixture
-    # The longest scenarios first, so they overlap the rest: the torchrun job, then async_save's
-    # process mode (each rank starts a checkpoint process of its own).
-    order = sorted(
-        names,
-        key=lambda n: (
-            run_plan.scenario(n).family != "elastic",
-            run_plan.scenario(n).async_mode != "process",
-        ),
-    )
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
     space = Workspace()
@@ -124,10 +115,24 @@ def run_suite(
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
             if run_plan.kind == "fixture":
-                _probe_fixture(pool, workspace / "fixture-probe", fixture, run_plan)
+                found = _probe_fixture(pool, workspace / "fixture-probe", fixture, run_plan)
+                # The probe found who saves the app: an app with its own save() and load() has
+                # scenarios of its own (plan.fixture_plan).
+                run_plan = run_plan.checkpointed_by(*found)
+            names = run_plan.names if names is None else names
+            # The longest scenarios first, so they overlap the rest: the torchrun job, then
+            # async_save's process mode (each rank starts a checkpoint process of its own).
+            order = sorted(
+                names,
+                key=lambda n: (
+                    run_plan.scenario(n).family != "elastic",
+                    run_plan.scenario(n).async_mode != "process",
+                ),
+            )
             host = PoolHost(pool, SharedGroups(workspace / "shared", STORE_ROOT))
 
             begun: list[str] = []
+            the_plan = run_plan  # as the probe left it, for the scenarios' threads
 
             def one(name: str) -> None:
                 started = time.monotonic()
@@ -135,10 +140,10 @@ def run_suite(
                     begun.append(name)
                     if len(begun) == len(order):
                         pool.wind_down()
-                scenario = run_plan.scenario(name)
+                scenario = the_plan.scenario(name)
                 workdir = workspace / name
                 workdir.mkdir()
-                ctx = ScenarioContext(scenario, host, workdir, fixture, run_plan)
+                ctx = ScenarioContext(scenario, host, workdir, fixture, the_plan)
                 obs = DRIVERS[scenario.family](ctx)
                 if pool.cancelled:
                     raise Cancelled("the run is being interrupted")  # its outcome means nothing
@@ -146,7 +151,7 @@ def run_suite(
                 elapsed = time.monotonic() - started
                 obs = ctx.finished(obs)
                 left_running = ctx.left_running_record()
-                reasons = rules.derive(name, obs, run_plan=run_plan)
+                reasons = rules.derive(name, obs, run_plan=the_plan)
                 logs = [] if not reasons else _logs(ctx)
                 with lock:
                     observations[name] = obs
@@ -187,6 +192,7 @@ def run_suite(
             finally:
                 pool.close()
     return SuiteRun(
+        run_plan=run_plan,
         observations={n: observations[n] for n in names},
         torch_distribution=distribution,
         torch_runtime=versions["torch"],
@@ -217,11 +223,15 @@ class FixtureTimeout(Error, RuntimeError):
     """The fixture's first step did not finish in time: a failure, not bad input."""
 
 
-def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str, run_plan: plan.Plan) -> None:
-    """Build the fixture once at world size 1 and take one step, before any scenario runs.
+def _probe_fixture(
+    pool: WorkerPool, workdir: Path, fixture: str, run_plan: plan.Plan
+) -> tuple[plan.Checkpointing, bool]:
+    """Build the fixture once at world size 1 and take one step, before any scenario runs; who
+    checkpoints its app, and whether it has state the tool compares.
 
     Interface problems are bad input. A fixture whose own code raises is not: the scenarios run
-    and fail, showing its traceback. One that hangs here would hang in every scenario.
+    and fail, showing its traceback (then the plan's checkpointing stands). One that hangs here
+    would hang in every scenario.
     """
     workdir.mkdir()
     probe = payloads.FIXTURE_PROBE(
@@ -237,6 +247,10 @@ def _probe_fixture(pool: WorkerPool, workdir: Path, fixture: str, run_plan: plan
         raise FixtureTimeout(_probe_timeout(fixture, pool.timeout, record))
     if record is not None and record["problem"] is not None:
         raise FixtureProblem(record["problem"])
+    if record is None or record["checkpointing"] is None:
+        return run_plan.checkpointing, run_plan.compares_state
+    shape: plan.Checkpointing = record["checkpointing"]
+    return shape, bool(record["has_state"])
 
 
 # Names a probe timeout lists of the threads left running; the rest are counted.

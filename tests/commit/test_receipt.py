@@ -54,6 +54,18 @@ def test_seal_refuses_an_unfinished_save(ckpt: Path) -> None:
         receipt.seal(ckpt, "step-3")
 
 
+def test_a_save_without_a_marker_is_sealed_as_it_is_unless_it_wrote_nothing(ckpt: Path) -> None:
+    """An app's own save ends when every rank's save() returned (the driver knows): no file of
+    its own marks it, but an empty directory is no checkpoint."""
+    (ckpt / ".metadata").unlink()
+    sealed = receipt.seal(ckpt, "step-3", marker=None)
+    assert ".metadata" not in {f.path for f in sealed.files} and sealed.files
+    for entry in ckpt.iterdir():
+        entry.unlink()
+    with pytest.raises(SealError, match=r"^step-3: the save wrote no file, so there is nothing"):
+        receipt.seal(ckpt, "step-3", marker=None)
+
+
 def make_fifo(path: Path) -> None:
     if sys.platform == "win32":  # the test is skipped there: this is for mypy
         pytest.skip("no FIFOs on Windows")

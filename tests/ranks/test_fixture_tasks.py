@@ -4,14 +4,16 @@ line and exit 2, with nothing written, is shown end to end in tests/suite/test_f
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 
-from dcp_invariant.ranks.fixture_tasks import fixture_probe
-from dcp_invariant.suite.scenarios.payloads import FixtureProbe
+from dcp_invariant.commit.store import CheckpointStore
+from dcp_invariant.ranks.fixture_tasks import fixture_probe, fixture_resume, fixture_train
+from dcp_invariant.suite.scenarios.payloads import FixtureProbe, FixtureResume, FixtureTrain
 
 pytestmark = pytest.mark.torch
 
@@ -70,3 +72,111 @@ def test_the_probe_of_a_correct_app_reports_no_problem(one_rank_group: Any) -> N
         "done",
     ]
     assert reported[-1]["problem"] is None
+    assert reported[-1]["checkpointing"] == "dcp"
+
+
+@pytest.mark.parametrize("name", ["saves_itself", "opaque"])
+def test_the_probe_finds_an_app_that_saves_itself(one_rank_group: Any, name: str) -> None:
+    """With or without a state_dict() beside its own save() and load()."""
+    reported: list[dict[str, Any]] = []
+    payload: FixtureProbe = {
+        "fixture": f"saving_loops:{name}",
+        "fixture_args": {},
+        "rank_local": [],
+    }
+    fixture_probe(0, 1, payload, reported.append)
+    assert reported[-1]["problem"] is None, reported[-1]
+    assert reported[-1]["checkpointing"] == "app"
+    assert reported[-1]["has_state"] == (name == "saves_itself")
+
+
+def test_an_app_with_save_but_no_load_is_its_problem(one_rank_group: Any) -> None:
+    reported: list[dict[str, Any]] = []
+    spec = "saving_loops:saves_only"
+    fixture_probe(0, 1, {"fixture": spec, "fixture_args": {}, "rank_local": []}, reported.append)
+    assert reported[-1]["problem"] == (
+        f"fixture {spec!r} returned a SavesOnly with save() but no load(): an app that saves "
+        "itself needs both save(checkpoint_dir) and load(checkpoint_dir)"
+    )
+
+
+def _train_commit_resume(name: str, workspace: Path) -> dict[str, Any]:
+    """An own-save app's arm at world size 1 (3 steps, its save, 2 more), its checkpoint sealed
+    and promoted without .metadata, then a fresh app's resume through the pointer; the
+    resumed rank's record."""
+    spec = f"saving_loops:{name}"
+    trained: list[dict[str, Any]] = []
+    train: FixtureTrain = {
+        "checkpoint": "store/candidates/step-3",
+        "checkpointing": "app",
+        "fixture": spec,
+        "fixture_args": {},
+        "snapshots": "reference",
+        "steps_after": 2,
+        "steps_before": 3,
+    }
+    fixture_train(0, 1, train, trained.append)
+    assert trained[-1]["saved"] is not None and len(trained[-1]["steps"]) == 2
+    store = CheckpointStore(workspace / "store", marker=None)
+    store.seal("step-3")
+    store.promote("step-3")
+    resumed: list[dict[str, Any]] = []
+    resume: FixtureResume = {
+        "checkpointing": "app",
+        "compare_steps": True,
+        "fixture": spec,
+        "fixture_args": {},
+        "rank_local": [],
+        "reference": "reference",
+        "source_world_size": 1,
+        "steps_after": 2,
+        "store": "store",
+    }
+    fixture_resume(0, 1, resume, resumed.append)
+    record = resumed[-1]
+    record["reference"] = trained[-1]
+    return record
+
+
+def test_an_app_that_saves_itself_resumes_through_its_own_load(
+    one_rank_group: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its files are sealed as they are, it loads the generation itself, and both what it
+    loaded and its next steps equal the uninterrupted arm's, key by key and bit for bit."""
+    monkeypatch.chdir(tmp_path)
+    record = _train_commit_resume("saves_itself", tmp_path)
+    assert record["verified_before_load"] and record["verified_after_load"], record
+    assert record["load_error"] is None
+    assert record["loaded"] == record["reference"]["saved"]
+    assert record["diffs"] == []
+    assert record["steps"] == record["reference"]["steps"]
+    (generation,) = (tmp_path / "store" / "generations").glob("*[!n]")
+    assert sorted(p.name for p in generation.iterdir()) == ["rank0.pt"]
+
+
+def test_a_scheduler_the_apps_load_does_not_restore_is_named_by_key(
+    one_rank_group: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    record = _train_commit_resume("scheduler_not_restored", tmp_path)
+    assert record["load_error"] is None
+    differing = {d["key"] for d in record["diffs"] if d["phase"] == "loaded"}
+    assert differing and all(key.startswith("app.sched.") for key in differing), differing
+    # The loaded optimizer keeps the saved lr for one step; the fresh scheduler then restarts
+    # the warmup, and the second resumed step updates the model by another amount.
+    assert any(
+        d["phase"] == "step-2" and d["key"].startswith("app.model.") for d in record["diffs"]
+    )
+
+
+def test_an_apps_load_that_raises_is_recorded_by_its_exception_type(
+    one_rank_group: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    record = _train_commit_resume("loads_the_wrong_file", tmp_path)
+    assert record["load_error"] == {
+        "kind": "app load",
+        "key": None,
+        "exception": "FileNotFoundError",
+    }
+    assert record["loaded"] is None and record["steps"] == []

@@ -6,12 +6,13 @@ in first on ``sys.path`` (cli._run puts it there): the tests set both up that wa
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from dcp_invariant.suite.fixture import FixtureError, load_fixture
+from dcp_invariant.suite.fixture import Anchored, FixtureError, check_shape, load_fixture
 
 
 @pytest.fixture
@@ -148,6 +149,47 @@ def test_a_fixture_that_cannot_take_its_arguments_says_which_fix_applies(
 ) -> None:
     with pytest.raises(FixtureError, match=re.escape(message)):
         load_fixture(spec, arguments)
+
+
+class _Shape:
+    def __init__(self, *methods: str) -> None:
+        for name in methods:
+            setattr(self, name, lambda *args: None)
+
+
+@pytest.mark.parametrize(
+    ("methods", "message"),
+    [
+        (("step",), "lacks state_dict(), load_state_dict(): the app needs step() -> float and "
+         "either state_dict() and load_state_dict(sd) (the tool saves through DCP) or "
+         "save(checkpoint_dir) and load(checkpoint_dir) (the app saves itself)"),
+        (("step", "save", "state_dict", "load_state_dict"),
+         "with save() but no load(): an app that saves itself needs both"),
+        (("step", "load"), "with load() but no save()"),
+        (("save", "load"), "lacks step()"),
+        (("step", "save", "load", "state_dict"), "lacks load_state_dict()"),
+    ],
+)  # fmt: skip
+def test_an_app_without_a_whole_shape_is_named_by_what_it_lacks(
+    methods: tuple[str, ...], message: str
+) -> None:
+    with pytest.raises(FixtureError, match=re.escape(message)):
+        check_shape("m:f", _Shape(*methods))
+
+
+@pytest.mark.parametrize(
+    "methods",
+    [
+        ("step", "state_dict", "load_state_dict"),
+        ("step", "save", "load"),
+        ("step", "save", "load", "state_dict", "load_state_dict"),
+    ],
+)
+def test_either_whole_shape_is_an_app(methods: tuple[str, ...]) -> None:
+    check_shape("m:f", _Shape(*methods))
+    app = Anchored(_Shape(*methods), os.getcwd())
+    assert app.checkpointing == ("app" if "save" in methods else "dcp")
+    assert app.has_state == ("state_dict" in methods)
 
 
 def test_fixture_arguments_that_complete_the_call_are_accepted() -> None:

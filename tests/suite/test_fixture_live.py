@@ -24,6 +24,7 @@ from cli_runs import REVISION, run_cli
 import dcp_invariant
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import rules, schema
+from dcp_invariant.evidence.diagnosis import APP_ROUND_TRIP
 from dcp_invariant.evidence.verify import verify_artifact
 from dcp_invariant.suite import runner
 
@@ -73,7 +74,10 @@ def derive(
             logs.append("\n".join([f"{done.name}:", *(log.text for log in done.logs)]))
 
     suite = runner.run_suite(run_plan=the_plan, names=names, on_finish=keep_logs)
-    derived = {n: rules.derive(n, obs, run_plan=the_plan) for n, obs in suite.observations.items()}
+    # As the probe left the plan: an app that saves itself has scenarios of its own.
+    derived = {
+        n: rules.derive(n, obs, run_plan=suite.run_plan) for n, obs in suite.observations.items()
+    }
     # A failure's worker logs reach pytest's report with the reasons.
     print("\n".join(logs))
     return derived
@@ -347,6 +351,57 @@ def test_fixture_arguments_reach_the_fixture_and_the_plan(tmp_path: Path) -> Non
     (line,) = proc.stderr.splitlines()
     assert "cannot be called as needs_width(rank, world_size, height=...)" in line, line
     assert not (tmp_path / "bad").exists()
+
+
+# --- an app that saves itself: its own save() and load(), never DCP ---------------------------
+
+
+def test_an_app_that_saves_itself_holds_at_each_world_size_and_across_the_restart(
+    tmp_path: Path,
+) -> None:
+    """Its files are committed as it wrote them (no .metadata), its load() reads them back in
+    fresh processes and in torchrun's restarted ranks, and the plan records who saved."""
+    out = tmp_path / "out"
+    proc = run_fixture("saving_loops:saves_itself", out, "--world-sizes", "1,2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = ["resume_1", "resume_2", "elastic_restart_2_to_2"]
+    for name in names:
+        assert re.search(rf"^pass\s+{name}\s", proc.stdout, re.M), proc.stdout
+    assert "note:" not in proc.stdout
+    provenance = canonical.loads((out / schema.PROVENANCE_FILE).read_bytes())
+    assert provenance["plan"]["checkpointing"] == "app"
+    assert provenance["plan"]["scenarios"] == names
+    observed = canonical.loads((out / schema.observation_file("resume_2")).read_bytes())
+    assert [f["path"] for f in observed["commit"]["files"]] == ["rank0.pt", "rank1.pt"]
+    assert verify_artifact(out).passed
+
+
+def test_a_scheduler_the_apps_own_load_drops_is_named_by_key() -> None:
+    """Lightning Fabric 2.6.6's ModelParallelStrategy load, in miniature: the scheduler is saved
+    and never restored. The cause is the app's save and load, not DCP."""
+    reasons = derive("scheduler_not_restored", ["resume_1"], (1,), module="saving_loops")
+    lost = [r for r in reasons["resume_1"] if r.startswith(APP_ROUND_TRIP + ": rank 0: app.sched.")]
+    assert lost, reasons
+    assert not any("DCP" in r for r in reasons["resume_1"]), reasons
+
+
+def test_an_app_without_state_is_judged_by_its_losses_and_its_load_named() -> None:
+    """No state_dict(): the correct app passes at two ranks, the one that drops its scheduler
+    fails on the step its fresh scheduler changes, named as its load()'s, and a load() that
+    raises is named by its exception."""
+    assert derive("opaque", ["resume_2"], (2,), module="saving_loops") == {"resume_2": []}
+    reasons = derive("opaque_scheduler_not_restored", ["resume_1"], (1,), module="saving_loops")
+    (first, *_) = reasons["resume_1"]
+    assert first.startswith(
+        "not restored by the app's load(): rank 0: after the app's load(), step 6 (resumed "
+        "step 3) differs: loss expected"
+    ), reasons
+    assert "the app has no state_dict()" in first, first
+    reasons = derive("loads_the_wrong_file", ["resume_1"], (1,), module="saving_loops")
+    assert reasons["resume_1"] == [
+        f"{APP_ROUND_TRIP}: resumed rank 0: the app's own load() raised FileNotFoundError on "
+        "the checkpoint its save() wrote; its traceback is in the worker's log"
+    ], reasons
 
 
 # --- what the user did wrong: bad input exits 2 before any scenario ---------------------------

@@ -173,6 +173,11 @@ def _load_failure(error: Obs, where: str, a: int, b: int) -> list[str]:
     kind, key = error["kind"], error["key"]
     if kind == "another rank":
         return []  # the rank whose own load failed says why
+    if kind == "app load":
+        return [
+            f"{diagnosis.APP_ROUND_TRIP}: {where}: the app's own load() raised {error['exception']} "
+            "on the checkpoint its save() wrote; its traceback is in the worker's log"
+        ]
     if a == b:
         cause, why = diagnosis.ROUND_TRIP, "state_dict() names it at the load, not at the save"
     else:

@@ -1,5 +1,5 @@
-"""A commit's checks: sealed and promoted with exactly DCP's files, or refused leaving all as it
-was; and the ranks that load it do so through the pointer."""
+"""A commit's checks: sealed and promoted with exactly DCP's files (or an app's own), or refused
+leaving all as it was; and the ranks that load it do so through the pointer."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ def baseline_and_candidate(run_plan: plan.Plan) -> list[tuple[str, str]]:
     return [("baseline", run_plan.baseline_label), ("candidate", run_plan.candidate_label)]
 
 
-def _promoted(commit: CommitRecord, where: str) -> list[str]:
+def _promoted(commit: CommitRecord, where: str, *, by_dcp: bool = True) -> list[str]:
+    """Sealed and promoted cleanly; ``by_dcp``: with DCP's marker and a shard (an app that saves
+    itself writes files of its own, at least one)."""
     reasons = []
     if not commit["sealed"]:
         reasons.append(f"{where}: {commit['label']} was not sealed ({commit['seal_error']})")
@@ -29,7 +31,10 @@ def _promoted(commit: CommitRecord, where: str) -> list[str]:
     if commit["receipt"] is None or commit["refused"]:
         reasons.append(f"{where}: promoted without a clean receipt ({refusals(commit)})")
     names = [f["path"] for f in commit["files"]]
-    if dcp_layout.METADATA_FILE not in names or not any(
+    if not by_dcp:
+        if not names:
+            reasons.append(f"{where}: the generation holds no file")
+    elif dcp_layout.METADATA_FILE not in names or not any(
         n.endswith(dcp_layout.SHARD_SUFFIX) for n in names
     ):
         reasons.append(
@@ -59,9 +64,15 @@ def exactly_dcp_files(
     ]
 
 
-def committed(commit: CommitRecord, world_size: int) -> list[str]:
-    """A save by ``world_size`` ranks, sealed and promoted with exactly DCP's files."""
-    return _promoted(commit, "commit") + exactly_dcp_files(commit, world_size, "commit")
+def committed(commit: CommitRecord, scenario: plan.Scenario) -> list[str]:
+    """The source's save, sealed and promoted: with exactly the files a DCP save by its ranks
+    writes, or, for an app that saves itself, with whatever files it wrote (the seal refuses a
+    save that wrote none)."""
+    if scenario.checkpointing == "app":
+        return _promoted(commit, "commit", by_dcp=False)
+    return _promoted(commit, "commit") + exactly_dcp_files(
+        commit, scenario.source_world_size, "commit"
+    )
 
 
 def committed_then_loaded(
@@ -72,7 +83,7 @@ def committed_then_loaded(
     commit: CommitRecord | None = obs["commit"]
     if commit is None:
         return ["commit: did not run"], None, None
-    reasons = committed(commit, scenario.source_world_size)
+    reasons = committed(commit, scenario)
     target: GroupRecord | None = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"], commit, None

@@ -46,22 +46,27 @@ def saved_and_stepped(
     return reasons, saved, reference
 
 
-def resumed(rank: Obs, commit: CommitRecord, saved: Any, reference: Any, where: str) -> list[str]:
+def resumed(
+    rank: Obs,
+    commit: CommitRecord,
+    saved: Any,
+    reference: Any,
+    where: str,
+    scenario: plan.Scenario,
+) -> list[str]:
     """One resumed rank against the state its source rank saved and that rank's next step."""
     reasons = loaded_through_pointer(rank, commit, where)
     if rank["loaded"] is None or rank["next"] is None:
         return [*reasons, f"{where}: did not load and step"]
     lost = [] if saved is None else _compare_digests(saved, rank["loaded"], f"{where}: after load")
-    reasons += [f"{diagnosis.ROUND_TRIP}: {r}" for r in lost]
+    round_trip = diagnosis.round_trip_cause(scenario)
+    reasons += [f"{round_trip}: {r}" for r in lost]
     if reference is None:
         return reasons
     # Loaded == saved, yet the step differs: what steers it is not saved. Otherwise the step
     # follows from the load already reported, and says nothing more about the cause.
-    cause, tail = (
-        (diagnosis.ROUND_TRIP, ", a consequence of the load")
-        if lost
-        else (diagnosis.OUTSIDE_STATE_DICT, f"; {diagnosis.SUSPECTS}")
-    )
+    outside, advice = diagnosis.outside_cause(scenario)
+    cause, tail = (round_trip, ", a consequence of the load") if lost else (outside, f"; {advice}")
     diverged = []
     if rank["next"]["loss"] != reference["loss"]:
         diverged.append(

@@ -100,7 +100,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return [*reasons, "commit: did not run"]
-    reasons += committed(commit, scenario.source_world_size)
+    reasons += committed(commit, scenario)
     launcher = obs["launcher"]
     if launcher is None:
         return [*reasons, "torchrun: did not run"]
@@ -132,7 +132,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             reasons.append(f"{where}: the rendezvous address was not numeric loopback")
         # Each restarted rank resumes its own state: per-rank state need not be replicated.
         r = rank["rank"]
-        reasons += resumed(rank, commit, saved.get(r), reference.get(r), where)
+        reasons += resumed(rank, commit, saved.get(r), reference.get(r), where, scenario)
     after = obs["after"]
     if after is None:
         return [*reasons, "post-restart check: did not run"]

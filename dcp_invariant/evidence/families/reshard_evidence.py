@@ -44,7 +44,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return ["commit: did not run"]
-    reasons += committed(commit, a)
+    reasons += committed(commit, scenario)
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]

@@ -48,7 +48,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     commit = obs["commit"]
     if commit is None:
         return ["commit: did not run"]
-    reasons += committed(commit, scenario.source_world_size)
+    reasons += committed(commit, scenario)
     target = obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
@@ -68,8 +68,11 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         loaded_ranks.append(rank)
         mine = saved.get(rank["rank"], {})
         others = {r: s for r, s in saved.items() if r != rank["rank"]}
-        cause_1 += diagnosis.round_trip(where, mine, rank["loaded"], others, rank["diffs"])
-        hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
+        cause_1 += diagnosis.round_trip(
+            where, mine, rank["loaded"], others, rank["diffs"], diagnosis.round_trip_cause(scenario)
+        )
+        if scenario.checkpointing == "dcp":  # the hints are about DCP's own ways
+            hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
     cause_1 += load_failures(target["ranks"], w, w, lambda r: f"resumed rank {r}")
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
@@ -83,6 +86,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             rank["diffs"],
             n,
             not cause_1,
+            diagnosis.outside_cause(scenario),
         )
     return reasons + cause_1 + hints + cause_2
 

@@ -60,6 +60,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             saved.get(first) if first is not None else None,
             reference.get(first) if first is not None else None,
             f"target rank {rank['rank']}",
+            scenario,
         )
     return reasons
 

@@ -16,6 +16,7 @@ from typing import Any
 from dcp_invariant import plan
 from dcp_invariant.canonical import CanonicalJSONError
 from dcp_invariant.commit import CheckpointStore, CommitError
+from dcp_invariant.dcp_layout import METADATA_FILE
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.families.records import (
     CommitRecord,
@@ -64,7 +65,10 @@ class ScenarioContext:
 
     @property
     def store(self) -> CheckpointStore:
-        return CheckpointStore(self.workdir / STORE_ROOT)
+        # DCP's save ends with .metadata; an app's own save ends when every rank's save()
+        # returned, which the group's outcome says before anything is sealed.
+        app = self.run_plan.checkpointing == "app"
+        return CheckpointStore(self.workdir / STORE_ROOT, marker=None if app else METADATA_FILE)
 
     def group(
         self, name: str, call: Call, world_size: int, *, shareable: bool = False
@@ -149,6 +153,7 @@ class ScenarioContext:
         if crash is not None:
             plan[-1]["crash"] = crash
         payload: TrainAndSave = {
+            "checkpointing": self.run_plan.checkpointing,
             "fixture": self.fixture,
             "fixture_args": self.run_plan.arguments,
             "saves": plan,

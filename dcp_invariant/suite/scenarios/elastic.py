@@ -53,9 +53,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
 
         # torchrun is started from this machine: the family runs on the worker pool only.
         assert isinstance(ctx.host, PoolHost), "elastic runs on this machine's worker pool"
-        exit_code, timed_out, left = _torchrun(
-            ctx.workdir, ctx.fixture, ctx.run_plan.arguments, ctx.host.pool
-        )
+        exit_code, timed_out, left = _torchrun(ctx, ctx.host.pool)
         # Each resumed rank (worker.run) kills and names its own children; the job's token
         # finds what escaped them.
         left += worker.stragglers(ctx.workdir, RESUMED_GROUP, sc.target_world_size)
@@ -106,16 +104,15 @@ def _after(ctx: ScenarioContext, obs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _torchrun(
-    workdir: Path, fixture: str, fixture_args: dict[str, Any], pool: WorkerPool
-) -> tuple[int, bool, list[str]]:
+def _torchrun(ctx: ScenarioContext, pool: WorkerPool) -> tuple[int, bool, list[str]]:
     """torchrun's exit code, whether it timed out, and what its ranks left running."""
-    timeout = pool.timeout
+    workdir, timeout = ctx.workdir, pool.timeout
     payload: Elastic = {
+        "checkpointing": ctx.run_plan.checkpointing,
         "dying_rank": plan.DYING_RANK,
         "exit_code": plan.ELASTIC_EXIT_CODE,
-        "fixture": fixture,
-        "fixture_args": fixture_args,
+        "fixture": ctx.fixture,
+        "fixture_args": ctx.run_plan.arguments,
         "store": STORE_ROOT,
         "timeout": timeout,
     }

@@ -38,6 +38,7 @@ class PlannedSave(TypedDict):
 
 
 class TrainAndSave(TypedDict):
+    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
     fixture: str
     fixture_args: FixtureArgs
     saves: list[PlannedSave]
@@ -45,6 +46,7 @@ class TrainAndSave(TypedDict):
 
 
 class LoadAndStep(TypedDict):
+    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
     fixture: str
     fixture_args: FixtureArgs
     store: str
@@ -77,10 +79,14 @@ class FixtureProbeRecord(TypedDict):
     problem: str | None  # an interface problem: bad input, the message says what to change
     phase: ProbePhase
     threads: list[str]  # at "done": the non-daemon threads still running, which exit waits for
+    # Who checkpoints the app built (:class:`..fixture.Anchored`); None before it is built.
+    checkpointing: plan.Checkpointing | None
+    has_state: bool | None  # whether it has a state_dict() the tool compares
 
 
 class FixtureTrain(TypedDict):
     checkpoint: str
+    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
     fixture: str
     fixture_args: FixtureArgs
     snapshots: str | None  # None: no later group reads this arm's values
@@ -93,6 +99,7 @@ class FixtureTrain(TypedDict):
 
 class FixtureResume(TypedDict):
     compare_steps: bool
+    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
     fixture: str
     fixture_args: FixtureArgs
     rank_local: list[str]  # components left out of the load: each rank keeps its own
@@ -108,6 +115,7 @@ class Elastic(TypedDict):
 
     dying_rank: int
     exit_code: int
+    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
     fixture: str
     fixture_args: FixtureArgs
     store: str

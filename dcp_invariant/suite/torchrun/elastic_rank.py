@@ -59,6 +59,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     task_payload = {
+        "checkpointing": payload["checkpointing"],
         "fixture": payload["fixture"],
         "fixture_args": payload["fixture_args"],
         "store": payload["store"],

@@ -1,0 +1,106 @@
+"""Loops that write and read their own checkpoints, as a framework's ``save_state`` does: the
+tool calls ``save(dir)`` and ``load(dir)`` and never DCP.
+
+Each rank writes its whole state with ``torch.save`` into a file of its own and reads it back
+with ``torch.load(weights_only=True)``. Workers import this module by name
+(``saving_loops:NAME``); it builds on :mod:`fixture_loops`' correct loop.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from fixture_loops import Correct
+
+
+class SavesItself(Correct):
+    """The correct loop, checkpointed by its own code; ``state_dict()`` stays, so the tool also
+    compares the state it loaded with the state it saved, without DCP in between."""
+
+    def path(self, checkpoint_dir: str) -> str:
+        return os.path.join(checkpoint_dir, f"rank{self.rank}.pt")
+
+    def save(self, checkpoint_dir: str) -> None:
+        state = {
+            "model": self.model.state_dict(),
+            "optim": self.optimizer.state_dict(),
+            **self.loop_state(),
+        }
+        torch.save(state, self.path(checkpoint_dir))
+
+    def load(self, checkpoint_dir: str) -> None:
+        state = torch.load(self.path(checkpoint_dir), weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        self.restore_loop_state(state)
+
+    def restore_loop_state(self, state: dict[str, Any]) -> None:
+        self.load_loop_state(state)
+
+
+class SchedulerNotRestored(SavesItself):
+    """Saves the LR scheduler and never restores it, as Lightning Fabric 2.6.6's
+    ModelParallelStrategy load does to a Stateful scheduler (``state[key] = metadata.pop(key)``
+    in lightning/fabric/strategies/model_parallel.py): the warmup restarts after a resume."""
+
+    def restore_loop_state(self, state: dict[str, Any]) -> None:
+        super().restore_loop_state({**state, "sched": self.scheduler.state_dict()})
+
+
+class Opaque:
+    """A loop that saves itself and shows the tool no state: only its losses can be compared."""
+
+    def __init__(self, app: SavesItself) -> None:
+        self.app = app
+
+    def save(self, checkpoint_dir: str) -> None:
+        self.app.save(checkpoint_dir)
+
+    def load(self, checkpoint_dir: str) -> None:
+        self.app.load(checkpoint_dir)
+
+    def step(self) -> float:
+        return self.app.step()
+
+
+class LoadsTheWrongFile(SavesItself):
+    """Looks for its checkpoint under another name than it saved it: its load raises."""
+
+    def load(self, checkpoint_dir: str) -> None:
+        torch.load(os.path.join(checkpoint_dir, "latest.pt"), weights_only=True)
+
+
+class SavesOnly(Correct):
+    """Has save() but no load(): half of the own-checkpointing shape."""
+
+    def save(self, checkpoint_dir: str) -> None:
+        torch.save(self.model.state_dict(), os.path.join(checkpoint_dir, "model.pt"))
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+
+def saves_itself(rank: int, world_size: int) -> SavesItself:
+    return SavesItself(rank, world_size)
+
+
+def scheduler_not_restored(rank: int, world_size: int) -> SavesItself:
+    return SchedulerNotRestored(rank, world_size)
+
+
+def opaque(rank: int, world_size: int) -> Opaque:
+    return Opaque(SavesItself(rank, world_size))
+
+
+def opaque_scheduler_not_restored(rank: int, world_size: int) -> Opaque:
+    return Opaque(SchedulerNotRestored(rank, world_size))
+
+
+def loads_the_wrong_file(rank: int, world_size: int) -> SavesItself:
+    return LoadsTheWrongFile(rank, world_size)
+
+
+def saves_only(rank: int, world_size: int) -> SavesOnly:
+    return SavesOnly(rank, world_size)
