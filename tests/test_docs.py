@@ -68,6 +68,16 @@ def section(path: Path, heading: str) -> str:
 # --- the site and the README's length -------------------------------------------------------
 
 
+def test_the_frameworks_page_shows_the_adapters_examples_as_they_run() -> None:
+    """Pasted verbatim: tests/adapters/ runs these files (through tests/*_loops.py)."""
+    page = (DOCS / "frameworks.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```$", page, re.M | re.S)
+    examples = [REPO / "examples" / f"{name}_fixture.py" for name in ("fabric", "accelerate")]
+    if not all(path.is_file() for path in examples):
+        pytest.skip("examples/ is not here (an sdist holds docs/ and tests/ only)")
+    assert blocks == [path.read_text(encoding="utf-8") for path in examples]
+
+
 def test_the_site_builds_strictly_with_every_page(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs", reason="needs the docs extra: pip install -e '.[docs]'")
     site = tmp_path / "site"

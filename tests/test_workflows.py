@@ -499,7 +499,7 @@ def test_action_installs_the_runtime_pins(
     assert requirement_pin(runtime, "torch") == f"torch=={runtimes.DEFAULT_TORCH_VERSION}"
 
 
-def test_the_live_job_installs_the_loops_extra_pins(
+def test_the_live_job_installs_the_loops_and_frameworks_extras_pins(
     ci: dict[str, Any], pyproject: dict[str, Any]
 ) -> None:
     extras = pyproject["project"]["optional-dependencies"]
@@ -509,7 +509,7 @@ def test_the_live_job_installs_the_loops_extra_pins(
     # pytest and pytest-xdist (the plugin's parallel run) at the test extra's pins.
     runners = [p for p in extras["test"] if p.startswith(("pytest==", "pytest-xdist=="))]
 
-    assert sorted(installed) == sorted([*extras["loops"], *runners])
+    assert sorted(installed) == sorted([*extras["loops"], *extras["frameworks"], *runners])
 
 
 def test_the_weekly_real_loops_take_cpu_torch_at_the_runtime_pin(pyproject: dict[str, Any]) -> None:

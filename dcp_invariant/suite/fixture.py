@@ -38,7 +38,8 @@ class App(Protocol):
 
 @runtime_checkable
 class SavingApp(Protocol):
-    """An app that writes and reads its own checkpoints (``state_dict()`` is optional)."""
+    """An app that writes and reads its own checkpoints. ``state_dict()`` is optional: with it,
+    the state its ``load`` restored is compared key by key with the state at its ``save``."""
 
     def save(self, checkpoint_dir: str) -> None:
         """Write this rank's part of a checkpoint into ``checkpoint_dir``, which exists."""
@@ -288,12 +289,9 @@ def check_shape(spec: str, app: Any) -> None:
             f"fixture {spec!r} returned a {kind} with {has}() but no {lacks}(): an app that "
             f"saves itself needs both save(checkpoint_dir) and load(checkpoint_dir)"
         )
-    if _saves_itself(app):
-        needed = ["step"]
-        if _has(app, "state_dict") != _has(app, "load_state_dict"):
-            needed += ["state_dict", "load_state_dict"]
-    else:
-        needed = ["state_dict", "load_state_dict", "step"]
+    # An app that saves itself needs no state_dict(): with one, the tool compares it, and
+    # nothing loads through load_state_dict().
+    needed = ["step"] if _saves_itself(app) else ["state_dict", "load_state_dict", "step"]
     missing = [m for m in needed if not _has(app, m)]
     if missing:
         raise FixtureError(

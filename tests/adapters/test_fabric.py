@@ -1,0 +1,60 @@
+"""dcp_invariant.adapters.fabric against Lightning 2.6.6 (the `frameworks` extra): loops
+checkpointed with fabric.save and fabric.load, on CPU/Gloo in the tool's own process group,
+with no launcher variable set (``fabric_loops`` beside this directory)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from dcp_invariant import plan
+from dcp_invariant.adapters import FrameworkMissing
+from dcp_invariant.evidence import rules
+from dcp_invariant.evidence.diagnosis import APP_ROUND_TRIP
+
+pytest.importorskip(
+    "lightning", reason="needs the frameworks extra: pip install -e '.[frameworks]'"
+)
+
+
+def run(fixture: str, names: list[str], world_sizes: tuple[int, ...]) -> dict[str, list[str]]:
+    from dcp_invariant.suite import runner
+
+    suite = runner.run_suite(
+        run_plan=plan.fixture_plan(f"fabric_loops:{fixture}", world_sizes), names=names
+    )
+    assert suite.run_plan.checkpointing == "app"
+    return {n: rules.derive(n, o, run_plan=suite.run_plan) for n, o in suite.observations.items()}
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("fixture", ["ddp", "model_parallel"])
+def test_a_correct_fabric_loop_resumes_exactly_at_two_ranks(fixture: str) -> None:
+    """DDP, and FSDP2 through ModelParallelStrategy (a loop that restores what Fabric's load
+    leaves as raw state dicts): no false alarm."""
+    assert run(fixture, ["resume_2"], (2,)) == {"resume_2": []}
+
+
+@pytest.mark.live
+def test_a_loop_trusting_fabric_load_under_model_parallel_is_named_by_its_scheduler() -> None:
+    """Lightning 2.6.6's ModelParallelStrategy load replaces a stateful scheduler with the state
+    dict it read (``state[key] = metadata.pop(key)``): the scheduler stays fresh."""
+    (reasons,) = run("model_parallel_trusting_fabric_load", ["resume_1"], (1,)).values()
+    lost = {r.split(": ")[2] for r in reasons if r.startswith(APP_ROUND_TRIP + ": rank 0: ")}
+    assert "app.scheduler.last_epoch" in lost, reasons
+    assert "app.position.cursor" in lost, reasons
+    assert not any(key.startswith(("app.model.", "app.optimizer.")) for key in lost), reasons
+
+
+def test_without_lightning_the_adapter_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dcp_invariant.adapters import fabric
+
+    monkeypatch.setitem(sys.modules, "lightning", None)
+    monkeypatch.delitem(sys.modules, "lightning.fabric", raising=False)
+    with pytest.raises(FrameworkMissing) as raised:
+        fabric.app(lambda make: pytest.fail("built without Lightning"))
+    assert str(raised.value) == (
+        "dcp_invariant.adapters.fabric needs lightning, which this Python lacks: "
+        "pip install 'dcp-invariant[frameworks]' (or lightning itself)"
+    )
