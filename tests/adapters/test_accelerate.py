@@ -108,24 +108,9 @@ def test_an_fsdp_plugin_accelerate_drops_on_cpu_stops_the_build(accelerate_world
 
 
 def derive(fixture: str, names: list[str], world_sizes: tuple[int, ...]) -> Any:
-    """The reasons of each scenario, and the observations (as tests/suite/test_fixture_live.py)."""
-    from dcp_invariant import plan
-    from dcp_invariant.evidence import rules
-    from dcp_invariant.suite import runner
+    import fixture_runs
 
-    the_plan = plan.fixture_plan(f"accelerate_loops:{fixture}", world_sizes)
-    logs: list[str] = []
-
-    def keep_logs(done: runner.Finished) -> None:
-        if done.logs:
-            logs.append("\n".join([f"{done.name}:", *(log.text for log in done.logs)]))
-
-    suite = runner.run_suite(run_plan=the_plan, names=names, on_finish=keep_logs)
-    derived = {
-        n: rules.derive(n, obs, run_plan=suite.run_plan) for n, obs in suite.observations.items()
-    }
-    print("\n".join(logs))
-    return derived, suite.observations
+    return fixture_runs.run(f"accelerate_loops:{fixture}", names, world_sizes)
 
 
 @pytest.mark.live

@@ -8,9 +8,7 @@ import sys
 
 import pytest
 
-from dcp_invariant import plan
 from dcp_invariant.adapters import FrameworkMissing
-from dcp_invariant.evidence import rules
 from dcp_invariant.evidence.diagnosis import APP_ROUND_TRIP
 
 pytest.importorskip(
@@ -19,13 +17,9 @@ pytest.importorskip(
 
 
 def run(fixture: str, names: list[str], world_sizes: tuple[int, ...]) -> dict[str, list[str]]:
-    from dcp_invariant.suite import runner
+    import fixture_runs
 
-    suite = runner.run_suite(
-        run_plan=plan.fixture_plan(f"fabric_loops:{fixture}", world_sizes), names=names
-    )
-    assert suite.run_plan.checkpointing == "app"
-    return {n: rules.derive(n, o, run_plan=suite.run_plan) for n, o in suite.observations.items()}
+    return fixture_runs.run(f"fabric_loops:{fixture}", names, world_sizes)[0]
 
 
 @pytest.mark.live

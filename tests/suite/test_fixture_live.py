@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import fixture_runs
 import pytest
 from cli_runs import REVISION, run_cli
 
@@ -66,21 +67,7 @@ def derive(
     rank_local: tuple[str, ...] = (),
     module: str = "fixture_loops",
 ) -> dict[str, list[str]]:
-    the_plan = plan.fixture_plan(f"{module}:{fixture}", world_sizes, rank_local=rank_local)
-    logs: list[str] = []
-
-    def keep_logs(done: runner.Finished) -> None:
-        if done.logs:
-            logs.append("\n".join([f"{done.name}:", *(log.text for log in done.logs)]))
-
-    suite = runner.run_suite(run_plan=the_plan, names=names, on_finish=keep_logs)
-    # As the probe left the plan: an app that saves itself has scenarios of its own.
-    derived = {
-        n: rules.derive(n, obs, run_plan=suite.run_plan) for n, obs in suite.observations.items()
-    }
-    # A failure's worker logs reach pytest's report with the reasons.
-    print("\n".join(logs))
-    return derived
+    return fixture_runs.run(f"{module}:{fixture}", names, world_sizes, rank_local)[0]
 
 
 # --- the example a user copies, through the CLI ------------------------------------------------
