@@ -9,6 +9,9 @@ from __future__ import annotations
 # its data as ``__<rank>_<n>.distcp``.
 METADATA_FILE = ".metadata"
 SHARD_SUFFIX = ".distcp"
+# The files a sealed checkpoint may hold: DCP writes one per rank and .metadata, and an app that
+# saves itself (a framework's save_state) what it writes; a receipt and the evidence list each.
+MAX_FILES = 4096
 
 
 def expected_shard_rows(rows: int, world_size: int, rank: int) -> int:

@@ -261,15 +261,23 @@ class Plan:
         )
 
     @property
-    def note(self) -> str | None:
-        """What a run of this plan could not check, for the console to say."""
-        if self.compares_state:
-            return None
-        return (
-            f"{self.fixture}'s app has no state_dict(): each resume is judged by its losses "
-            "alone; give it state_dict() and load_state_dict() to have what its load() "
-            "restored compared key by key"
-        )
+    def notes(self) -> tuple[str, ...]:
+        """What a run of this plan did not check, for the console to say: an app that saves
+        itself may not have meant its save() and load() for the tool."""
+        if self.checkpointing == "dcp":
+            return ()
+        notes = [
+            f"{self.fixture}'s app has its own save() and load(): the tool ran them instead of "
+            "DCP, at each world size and across torchrun's restart, and checked no reshard and "
+            "no async save"
+        ]
+        if not self.compares_state:
+            notes.append(
+                f"{self.fixture}'s app has no state_dict(): each resume is judged by its losses "
+                "alone; give it a state_dict() to have what its load() restored compared key "
+                "by key"
+            )
+        return tuple(notes)
 
     def to_record(self) -> dict[str, Any]:
         """What provenance records of a fixture run; :func:`plan_from_record` reads it back."""

@@ -54,7 +54,7 @@ class Report:
     results: Mapping[str, ScenarioResult]  # in the plan's order
     diagnoses: tuple[Diagnosis, ...]  # ranked: the likeliest root cause first
     artifact: Path | None  # the evidence directory; None when the run wrote none
-    notes: tuple[str, ...] = ()  # what the run could not check (plan.Plan.note)
+    notes: tuple[str, ...] = ()  # what the run did not check (plan.Plan.notes)
 
     @property
     def summary(self) -> str:
@@ -195,7 +195,7 @@ def finish(
         MappingProxyType(results),
         ranked(results.values()),
         reservation.target,
-        () if run.note is None else (run.note,),
+        run.notes,
     )
 
 

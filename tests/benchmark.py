@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a fixture whose state holds a 1 GiB tensor, run at world size 1 ('' skips)",
     )
     parser.add_argument(
+        "--no-own-save",
+        dest="own_save",
+        action="store_false",
+        help="skip the app that saves itself next to the same loop saved through DCP",
+    )
+    parser.add_argument(
         "--no-spawn",
         dest="spawn",
         action="store_false",
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spawn path / fork-server path: {spawned / total:.2f}")
     if args.fixture:
         ok &= _fixture_run(args.fixture, import_seconds, total)
+    if args.own_save:
+        ok &= _own_save(import_seconds)
     if args.slow_fixture:
         ok &= _overhead(args.slow_fixture)
     if args.big_fixture:
@@ -102,6 +110,32 @@ def _fixture_run(fixture: str, import_seconds: float, registered: float) -> bool
     print(f"fixture run total: {total:.2f} s ({'pass' if ok else 'FAIL'})")
     print(f"fixture run / import torch: {total / import_seconds:.1f} units")
     print(f"fixture run / registered suite: {total / registered:.2f}")
+    return ok
+
+
+# The same loop (tests/fixture_loops.py's correct one) saved through DCP and saving itself
+# (tests/saving_loops.py), in the scenarios both plans have.
+OWN_SAVE_PAIR = ("fixture_loops:correct", "saving_loops:saves_itself")
+SHARED_SCENARIOS = ["resume_1", "resume_2", "elastic_restart_2_to_2"]
+
+
+def _own_save(import_seconds: float) -> bool:
+    """An app that saves itself costs what the same app saved through DCP costs."""
+    from dcp_invariant.evidence import rules
+    from dcp_invariant.suite import runner
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the loops; workers inherit it
+    seconds, ok = [], True
+    for spec in OWN_SAVE_PAIR:
+        started = time.perf_counter()
+        suite = runner.run_suite(run_plan=plan.fixture_plan(spec, (1, 2)), names=SHARED_SCENARIOS)
+        seconds.append(time.perf_counter() - started)
+        for name, obs in suite.observations.items():
+            ok &= not rules.derive(name, obs, run_plan=suite.run_plan)
+    print(f"\n{', '.join(SHARED_SCENARIOS)} ({'pass' if ok else 'FAIL'}):")
+    for spec, took in zip(OWN_SAVE_PAIR, seconds, strict=True):
+        print(f"{spec:<32}{took:>8.2f} s {took / import_seconds:>6.1f} units")
+    print(f"saving itself / through DCP: {seconds[1] / seconds[0]:.2f}")
     return ok
 
 

@@ -72,6 +72,14 @@ class LoadsTheWrongFile(SavesItself):
         torch.load(os.path.join(checkpoint_dir, "latest.pt"), weights_only=True)
 
 
+class WritesADirectory(SavesItself):
+    """Saves into a subdirectory of the one it is given, which the commit protocol refuses."""
+
+    def path(self, checkpoint_dir: str) -> str:
+        os.makedirs(os.path.join(checkpoint_dir, "state"), exist_ok=True)
+        return os.path.join(checkpoint_dir, "state", f"rank{self.rank}.pt")
+
+
 class SavesOnly(Correct):
     """Has save() but no load(): half of the own-checkpointing shape."""
 
@@ -100,6 +108,10 @@ def opaque_scheduler_not_restored(rank: int, world_size: int) -> Opaque:
 
 def loads_the_wrong_file(rank: int, world_size: int) -> SavesItself:
     return LoadsTheWrongFile(rank, world_size)
+
+
+def writes_a_directory(rank: int, world_size: int) -> SavesItself:
+    return WritesADirectory(rank, world_size)
 
 
 def saves_only(rank: int, world_size: int) -> SavesOnly:

@@ -101,7 +101,11 @@ def test_an_app_that_saves_itself_is_resumed_at_each_world_size_and_across_the_r
     assert own.to_record()["checkpointing"] == "app"
     assert plan.plan_from_record(own.to_record()) == own
     assert plan.fixture_plan("m:f", (1, 4), checkpointing="app").names == ("resume_1", "resume_4")
-    assert own.note is None and dcp.note is None
+    assert dcp.notes == ()
+    assert own.notes == (
+        "m:f's app has its own save() and load(): the tool ran them instead of DCP, at each "
+        "world size and across torchrun's restart, and checked no reshard and no async save",
+    )
 
 
 def test_an_app_without_state_is_judged_by_its_losses_and_says_so() -> None:
@@ -109,8 +113,7 @@ def test_an_app_without_state_is_judged_by_its_losses_and_says_so() -> None:
     assert losses_only.names == ("resume_1", "resume_2", "elastic_restart_2_to_2")
     assert losses_only.to_record()["compares_state"] is False
     assert plan.plan_from_record(losses_only.to_record()) == losses_only
-    assert losses_only.note is not None
-    assert losses_only.note.startswith("m:f's app has no state_dict(): each resume is judged")
+    assert losses_only.notes[-1].startswith("m:f's app has no state_dict(): each resume is judged")
     with pytest.raises(errors.PlanError, match="only an app that saves itself may have no state"):
         plan.fixture_plan("m:f", (1,), compares_state=False)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from dcp_invariant.suite.fixture import FixtureError
+from dcp_invariant.suite.fixture import FixtureError, names_the_module
 
 # The releases the adapters are tested against (pyproject.toml's `frameworks` extra).
 EXTRA = "frameworks"
@@ -26,7 +26,7 @@ def framework(module: str, distribution: str, adapter: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name is None or not module.startswith(exc.name):
+        if exc.name is None or not names_the_module(exc.name, module):
             raise  # the framework is there, and something it imports is not: its own error
         raise FrameworkMissing(
             f"dcp_invariant.adapters.{adapter} needs {distribution}, which this Python lacks: "

@@ -139,7 +139,7 @@ def _accelerator(accelerate: Any, kwargs: Mapping[str, Any]) -> Any:
     import torch.distributed as dist
 
     if "cpu" in kwargs:
-        raise TypeError(
+        raise FixtureError(
             "make_accelerator(cpu=...): the adapter runs Accelerate on the tool's CPU process "
             "group (cpu=True); leave it out"
         )
@@ -178,6 +178,14 @@ def _accelerator(accelerate: Any, kwargs: Mapping[str, Any]) -> Any:
             "in the environment disagree with the group"
         )
     _refuse_dropped_fsdp(accelerator)
+    if accelerator.project_configuration.automatic_checkpoint_naming:
+        # save_state then writes under project_dir/checkpoints/checkpoint_<i> and load_state
+        # reads the newest there, whatever directory they are given (accelerate/accelerator.py):
+        # not the directory the tool seals and hands back.
+        raise FixtureError(
+            "ProjectConfiguration(automatic_checkpoint_naming=True): Accelerate would save and "
+            "load outside the directory the tool gives it; leave it False for the check"
+        )
     return accelerator
 
 

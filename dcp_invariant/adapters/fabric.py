@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dcp_invariant.adapters import framework
+from dcp_invariant.suite.fixture import FixtureError
 
 # What build returns: the Fabric, the state fabric.save checkpoints, and one training step.
 Built = tuple[Any, dict[str, Any], Callable[[], float]]
@@ -123,7 +124,7 @@ def _launched(lightning: Any, kwargs: Mapping[str, Any]) -> Any:
 
     for name in ("accelerator", "devices", "num_nodes"):
         if name in kwargs:
-            raise TypeError(
+            raise FixtureError(
                 f"make_fabric({name}=...): the adapter sets {name} from the tool's process group "
                 "(CPU, its ranks); leave it out"
             )

@@ -17,7 +17,10 @@ from pathlib import Path
 
 from dcp_invariant import canonical, regular_file
 from dcp_invariant.commit.errors import Failure, ReceiptError, ReceiptMismatch, SealError
-from dcp_invariant.dcp_layout import METADATA_FILE  # DCP's only commit marker
+from dcp_invariant.dcp_layout import (
+    MAX_FILES,
+    METADATA_FILE,  # DCP's only commit marker
+)
 
 SCHEMA = "dcp-invariant/receipt/1"
 _REGULAR_ONLY = "a checkpoint may hold regular files only"
@@ -115,6 +118,10 @@ def seal(directory: Path, label: str, marker: str | None = METADATA_FILE) -> Rec
         )
     if not names:
         raise SealError(f"{label}: the save wrote no file, so there is nothing to seal")
+    if len(names) > MAX_FILES:
+        raise SealError(
+            f"{label}: the save wrote {len(names)} files; a checkpoint may hold at most {MAX_FILES}"
+        )
     entries = []
     for name in names:
         size, sha = hash_file(directory / name)
@@ -174,7 +181,7 @@ def _regular_files(directory: Path) -> list[str]:
         if not stat.S_ISREG(st.st_mode):
             raise SealError(f"{shown}: is a {regular_file.kind(st.st_mode)}; {_REGULAR_ONLY}")
         if shown != entry.name:
-            raise SealError(f"{shown}: file name is not valid UTF-8; DCP never writes such names")
+            raise SealError(f"{shown}: file name is not valid UTF-8; a checkpoint's names are text")
         names.append(entry.name)
     return sorted(names)
 

@@ -29,7 +29,10 @@ OUTSIDE_STATE_DICT = "state outside state_dict()"
 # The same two causes for an app that saves itself: its own save() and load() lost a key, or
 # (with no state_dict() to compare) its resumed steps differ.
 APP_ROUND_TRIP = "did not round-trip through the app's save() and load()"
-NOT_RESTORED = "not restored by the app's load()"
+NOT_RESTORED = "not restored by the app's save() and load()"
+# What an app's own save wrote that the commit protocol cannot seal: a subdirectory, a link,
+# nothing (dcp_invariant/commit/receipt.py).
+UNSEALABLE = "the app's save() cannot be sealed"
 NONDETERMINISTIC = "non-deterministic fixture"
 NON_FINITE = "non-finite loss"
 # A group killed at its deadline (families._groups.timed_out); check() reports a fixture whose
@@ -91,8 +94,8 @@ def outside_cause(scenario: plan.Scenario) -> tuple[str, str]:
     if scenario.compares_state:
         return OUTSIDE_STATE_DICT, SUSPECTS
     return NOT_RESTORED, (
-        "the app has no state_dict(), so what its load() restored could not be compared: "
-        + SUSPECTS
+        "the app has no state_dict(), so what its save() kept and its load() restored could "
+        "not be compared: " + SUSPECTS
     )
 
 
@@ -234,6 +237,7 @@ CHANGED_DURING_SAVE = "changed during the save"
 RANKED_CAUSES = (
     ROUND_TRIP,
     APP_ROUND_TRIP,
+    UNSEALABLE,
     OUTSIDE_STATE_DICT,
     NOT_RESTORED,
     NONDETERMINISTIC,

@@ -1,8 +1,9 @@
 """What workers do with a user's fixture: probe it, train and save it, resume it key by key.
 
-Every leaf of ``{"app": app}``'s state dict is recorded per rank (:mod:`..state_keys`), at the
-save, after the load and after every step, and the values are kept as snapshots in the
-workspace so a later group can say by how much a key differs, not only that it does.
+Every leaf of ``{"app": app}``'s state dict (where an app that saves itself has one) is
+recorded per rank (:mod:`..state_keys`), at the save, after the load and after every step, and
+the values are kept as snapshots in the workspace so a later group can say by how much a key
+differs, not only that it does.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def _stop_if_not_finite(loss: float, step: str) -> None:
 
 
 def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Reporter) -> None:
-    """Take N steps, save through DCP, then take K more: the uninterrupted arm (or a source).
+    """Take N steps, save (through DCP, or the app's own save), then take K more: the
+    uninterrupted arm (or a source).
 
     With ``async_mode`` the save is ``dcp.async_save``, and step N+1 runs while its write is
     held back, as a trainer's next step runs while the checkpoint uploads.

@@ -68,7 +68,7 @@ def load_fixture(spec: str, arguments: Mapping[str, Any] | None = None) -> Fixtu
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name is None or not _names_the_module(exc.name, module_name):
+        if exc.name is None or not names_the_module(exc.name, module_name):
             raise FixtureError(_import_failure(spec, module_name, exc)) from None
         raise FixtureError(_not_found(spec, module_name, exc)) from None
     except SyntaxError as exc:  # and IndentationError, TabError: the module cannot even compile
@@ -131,7 +131,7 @@ def _check_signature(
         ) from None
 
 
-def _names_the_module(missing: str, module_name: str) -> bool:
+def names_the_module(missing: str, module_name: str) -> bool:
     """Whether the missing module is the fixture's own (or a package on its dotted path)."""
     return missing == module_name or module_name.startswith(missing + ".")
 

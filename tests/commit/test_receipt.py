@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from commit_helpers import flip_byte, symlink_or_skip
 
-from dcp_invariant import canonical, regular_file
+from dcp_invariant import canonical, dcp_layout, regular_file
 from dcp_invariant.commit import Failure, ReceiptError, ReceiptMismatch, SealError, receipt
 from dcp_invariant.commit.receipt import FileEntry, Receipt
 
@@ -63,6 +63,10 @@ def test_a_save_without_a_marker_is_sealed_as_it_is_unless_it_wrote_nothing(ckpt
     for entry in ckpt.iterdir():
         entry.unlink()
     with pytest.raises(SealError, match=r"^step-3: the save wrote no file, so there is nothing"):
+        receipt.seal(ckpt, "step-3", marker=None)
+    for i in range(dcp_layout.MAX_FILES + 1):
+        (ckpt / f"part{i}").touch()
+    with pytest.raises(SealError, match=r"^step-3: the save wrote 4097 files; a checkpoint may"):
         receipt.seal(ckpt, "step-3", marker=None)
 
 

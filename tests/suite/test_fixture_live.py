@@ -354,7 +354,12 @@ def test_an_app_that_saves_itself_holds_at_each_world_size_and_across_the_restar
     names = ["resume_1", "resume_2", "elastic_restart_2_to_2"]
     for name in names:
         assert re.search(rf"^pass\s+{name}\s", proc.stdout, re.M), proc.stdout
-    assert "note:" not in proc.stdout
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        "note: saving_loops:saves_itself's app has its own save() and load(): the tool ran them "
+        "instead of DCP, at each world size and across torchrun's restart, and checked no "
+        "reshard and no async save"
+    ], proc.stdout
     provenance = canonical.loads((out / schema.PROVENANCE_FILE).read_bytes())
     assert provenance["plan"]["checkpointing"] == "app"
     assert provenance["plan"]["scenarios"] == names
@@ -372,7 +377,7 @@ def test_a_scheduler_the_apps_own_load_drops_is_named_by_key() -> None:
     assert not any("DCP" in r for r in reasons["resume_1"]), reasons
 
 
-def test_an_app_without_state_is_judged_by_its_losses_and_its_load_named() -> None:
+def test_an_app_without_state_is_judged_by_its_losses_and_its_save_and_load_named() -> None:
     """No state_dict(): the correct app passes at two ranks, the one that drops its scheduler
     fails on the step its fresh scheduler changes, named as its load()'s, and a load() that
     raises is named by its exception."""
@@ -380,7 +385,7 @@ def test_an_app_without_state_is_judged_by_its_losses_and_its_load_named() -> No
     reasons = derive("opaque_scheduler_not_restored", ["resume_1"], (1,), module="saving_loops")
     (first, *_) = reasons["resume_1"]
     assert first.startswith(
-        "not restored by the app's load(): rank 0: after the app's load(), step 6 (resumed "
+        "not restored by the app's save() and load(): rank 0: after the app's load(), step 6 (resumed "
         "step 3) differs: loss expected"
     ), reasons
     assert "the app has no state_dict()" in first, first
@@ -388,6 +393,12 @@ def test_an_app_without_state_is_judged_by_its_losses_and_its_load_named() -> No
     assert reasons["resume_1"] == [
         f"{APP_ROUND_TRIP}: resumed rank 0: the app's own load() raised FileNotFoundError on "
         "the checkpoint its save() wrote; its traceback is in the worker's log"
+    ], reasons
+    reasons = derive("writes_a_directory", ["resume_1"], (1,), module="saving_loops")
+    assert reasons["resume_1"] == [
+        "the app's save() cannot be sealed: commit: state: is a directory; a checkpoint may "
+        "hold regular files only",
+        "target: did not run",  # nothing was promoted to load
     ], reasons
 
 

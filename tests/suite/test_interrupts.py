@@ -273,10 +273,10 @@ def test_a_long_tmpdir_still_starts_the_fork_server(tmp_path: Path) -> None:
 # (start method, seconds a full run of the example takes here, moments per signal). The moments
 # spread over the whole run: the probe, the torchrun job, async_save's process mode and its
 # checkpoint processes, the last scenarios and the artifact's writing. The spawn path's moments
-# cost a fresh interpreter per worker each (about 17 CPU-s a moment): two per signal, six in all,
-# still fall in every phase of its run; the fork server's three per signal, nine in all, fall
+# cost a fresh interpreter per worker each (about 17 CPU-s a moment): one per signal, three in
+# all, in three seeded phases of its run; the fork server's three per signal, nine in all, fall
 # early, midway and late in each signal's run.
-PATHS = {"forkserver": (8.5, 3), "spawn": (28.0, 2)}
+PATHS = {"forkserver": (8.5, 3), "spawn": (28.0, 1)}
 SEED = 15
 EXAMPLE = [
     "--fixture",
@@ -364,5 +364,6 @@ def test_a_fixture_run_interrupted_at_any_moment_leaves_nothing(
         ]:
             failures.append(f"{label}: stderr ended {run.stderr[-3:]}")
     assert not failures, "\n".join(failures)
-    # A run faster than planned ends before late moments; most must still have cut it short.
-    assert interrupted >= len(moments(start_method, signame)) - 1
+    # A run faster than planned ends before late moments: all but one must still have cut it
+    # short, and at least one.
+    assert interrupted >= max(1, len(moments(start_method, signame)) - 1)

@@ -150,13 +150,14 @@ def saved_by_rank(group: GroupRecord) -> dict[int, dict[str, str]]:
 
 
 def component(key: str) -> str:
-    """The top-level component of a recorded key: ``app.<component>...`` (the tool saves the
-    app as ``{"app": app}``)."""
+    """The top-level component of a recorded key: ``app.<component>...`` (the tool records the
+    app's state as it saves it through DCP, as ``{"app": app}``)."""
     return key.split(".", 2)[1] if key.count(".") else key
 
 
 def load_failures(ranks: list[Obs], a: int, b: int, where: Callable[[int], str]) -> list[str]:
-    """Each rank's own load failure; DCP fails the load on every rank when one rank's fails."""
+    """Each rank's own load failure (DCP fails its load on every rank when one rank's fails),
+    or the app's own load()'s exception."""
     failed = [r for r in ranks if r["load_error"] is not None]
     reasons = [
         r for rank in failed for r in _load_failure(rank["load_error"], where(rank["rank"]), a, b)

@@ -4,6 +4,7 @@ leaving all as it was; and the ranks that load it do so through the pointer."""
 from __future__ import annotations
 
 from dcp_invariant import dcp_layout, plan
+from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.families._groups import group_finished
 from dcp_invariant.evidence.families._record_parts import Obs
 from dcp_invariant.evidence.families.records import CommitRecord, GroupRecord
@@ -69,6 +70,8 @@ def committed(commit: CommitRecord, scenario: plan.Scenario) -> list[str]:
     writes, or, for an app that saves itself, with whatever files it wrote (the seal refuses a
     save that wrote none)."""
     if scenario.checkpointing == "app":
+        if not commit["sealed"]:  # no marker to wait for: what the save wrote is not a checkpoint
+            return [f"{diagnosis.UNSEALABLE}: commit: {commit['seal_error']}"]
         return _promoted(commit, "commit", by_dcp=False)
     return _promoted(commit, "commit") + exactly_dcp_files(
         commit, scenario.source_world_size, "commit"

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from dcp_invariant import canonical, plan
+from dcp_invariant import canonical, dcp_layout, plan
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.checks import (
     Check,
@@ -92,7 +92,7 @@ commit = record(
     sealed=boolean,
     seal_error=optional(string),
     receipt=optional(label("receipt")),
-    files=list_of(file_size),
+    files=list_of(file_size, dcp_layout.MAX_FILES),
     promoted=boolean,
     refused=list_of(failure),
     candidate_retained=boolean,
