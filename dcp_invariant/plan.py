@@ -249,6 +249,17 @@ class Plan:
         """
         if (checkpointing, compares_state) == (self.checkpointing, self.compares_state):
             return self
+        if self.kind == "in_job":
+            assert self.launch is not None  # every in-job plan has its launch
+            return in_job_plan(
+                self.fixture,
+                self.launch,
+                self.steps_before,
+                self.steps_after,
+                self.arguments,
+                checkpointing,
+                compares_state,
+            )
         return fixture_plan(
             self.fixture,
             self.world_sizes,
@@ -334,10 +345,13 @@ def in_job_plan(
     steps_before: int = DEFAULT_STEPS_BEFORE,
     steps_after: int = DEFAULT_STEPS_AFTER,
     fixture_args: Mapping[str, Any] | None = None,
+    checkpointing: Checkpointing = "dcp",
+    compares_state: bool = True,
 ) -> Plan:
     """The checks a torchrun job runs on itself at its own world size W: resume_W (dcp.save)
     and async_resume_W (dcp.async_save, thread mode), each across torchrun's restart of every
-    worker on every node."""
+    worker on every node. An app that saves itself: resume_W alone, through its own save and
+    load, and no second launch (the tool reshards only what it saves)."""
     fixture_inputs.check_fixture_spec(fixture)
     if (
         not fixture_inputs.positive_int(launch.nodes)
@@ -359,8 +373,39 @@ def in_job_plan(
             f"this launch's {launch.world_size} (a resume at the same size is the first launch's)"
         )
     _check_steps(steps_before, steps_after)
+    _check_checkpointing(checkpointing, compares_state)
     w, n = launch.world_size, steps_before
     arguments = fixture_inputs.fixture_args({} if fixture_args is None else fixture_args)
+    if checkpointing == "app":
+        if a is not None:
+            raise PlanError(
+                "--resume-from: an app that saves itself is not resharded by the tool (what its "
+                "framework wrote is its own); check it at each world size with a launch of its own"
+            )
+        resume = Scenario(
+            f"resume_{w}",
+            "resume",
+            w,
+            w,
+            f"in the torchrun job: {n}+{steps_after} steps on {w} ranks, twice; every worker "
+            f"restarted loads step {n} with the app's own load() and matches the last "
+            f"{steps_after}",
+            checkpointing="app",
+            compares_state=compares_state,
+        )
+        return Plan(
+            "in_job",
+            fixture,
+            (w,),
+            n,
+            steps_after,
+            (resume,),
+            arguments,
+            (),
+            launch,
+            "app",
+            compares_state,
+        )
     if a is not None:
         resharded = Scenario(
             f"reshard_{a}_to_{w}",
@@ -435,12 +480,7 @@ def fixture_plan(
         )
         for w in sizes
     ]
-    if checkpointing not in CHECKPOINTINGS:
-        raise PlanError(f"checkpointing {checkpointing!r}: give one of {list(CHECKPOINTINGS)}")
-    if compares_state is not True and (compares_state is not False or checkpointing == "dcp"):
-        raise PlanError(
-            f"compares_state {compares_state!r}: only an app that saves itself may have no state"
-        )
+    _check_checkpointing(checkpointing, compares_state)
     if checkpointing == "app":
         if local:
             raise PlanError(
@@ -522,6 +562,15 @@ def fixture_plan(
     return Plan("fixture", fixture, sizes, n, k, tuple(scenarios), arguments, local)
 
 
+def _check_checkpointing(checkpointing: Any, compares_state: Any) -> None:
+    if checkpointing not in CHECKPOINTINGS:
+        raise PlanError(f"checkpointing {checkpointing!r}: give one of {list(CHECKPOINTINGS)}")
+    if compares_state is not True and (compares_state is not False or checkpointing == "dcp"):
+        raise PlanError(
+            f"compares_state {compares_state!r}: only an app that saves itself may have no state"
+        )
+
+
 def _check_steps(steps_before: Any, steps_after: Any) -> None:
     for what, steps in (("steps before the save", steps_before), ("steps after", steps_after)):
         if not fixture_inputs.positive_int(steps) or steps > MAX_STEPS:
@@ -545,17 +594,11 @@ def plan_from_record(record: Any) -> Plan:
         "steps_before",
         "world_sizes",
     }
-    if not isinstance(record, dict) or set(record) - {"checkpointing", "compares_state"} != keys:
+    if not isinstance(record, dict) or set(record) - set(OWN_CHECKPOINTING) != keys:
         raise PlanError(
             f"plan: expected exactly the keys {sorted(keys)} (and checkpointing, compares_state)"
         )
-    # Absent for a DCP run (Plan.to_record); present, it names the app's own checkpointing.
-    checkpointing = record.get("checkpointing", "dcp")
-    if "checkpointing" in record and checkpointing != "app":
-        raise PlanError(f"plan: checkpointing {checkpointing!r}, expected 'app' or no key")
-    compares_state = record.get("compares_state", True)
-    if "compares_state" in record and compares_state is not False:
-        raise PlanError(f"plan: compares_state {compares_state!r}, expected false or no key")
+    checkpointing, compares_state = _own_checkpointing(record)
     if record["kind"] != "fixture":
         raise PlanError(f"plan: kind {record['kind']!r}, expected 'fixture'")
     sizes = record["world_sizes"]
@@ -584,6 +627,18 @@ def plan_from_record(record: Any) -> Plan:
     return derived
 
 
+# A recorded plan's keys for an app that saves itself, and their values then: absent for a DCP
+# run (Plan.to_record writes them only when they say something).
+OWN_CHECKPOINTING: dict[str, Any] = {"checkpointing": "app", "compares_state": False}
+
+
+def _own_checkpointing(record: dict[str, Any]) -> tuple[Checkpointing, bool]:
+    for key, value in OWN_CHECKPOINTING.items():
+        if key in record and (type(record[key]) is not type(value) or record[key] != value):
+            raise PlanError(f"plan: {key} {record[key]!r}, expected {value!r} or no key")
+    return record.get("checkpointing", "dcp"), record.get("compares_state", True)
+
+
 def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
     keys = {
         "fixture",
@@ -596,8 +651,11 @@ def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
         "steps_before",
         "world_sizes",
     }
-    if set(record) != keys:
-        raise PlanError(f"plan: expected exactly the keys {sorted(keys)}")
+    if set(record) - set(OWN_CHECKPOINTING) != keys:
+        raise PlanError(
+            f"plan: expected exactly the keys {sorted(keys)} (and checkpointing, compares_state)"
+        )
+    checkpointing, compares_state = _own_checkpointing(record)
     launch = record["launch"]
     if not isinstance(launch, dict) or set(launch) != {
         "backend",
@@ -618,6 +676,8 @@ def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
         record["steps_before"],
         record["steps_after"],
         record["fixture_args"],
+        checkpointing,
+        compares_state,
     )
     for key, value in (
         ("scenarios", list(derived.names)),

@@ -119,24 +119,33 @@ OWN_SAVE_PAIR = ("fixture_loops:correct", "saving_loops:saves_itself")
 SHARED_SCENARIOS = ["resume_1", "resume_2", "elastic_restart_2_to_2"]
 
 
-def _own_save(import_seconds: float) -> bool:
-    """An app that saves itself costs what the same app saved through DCP costs."""
+def _own_save(import_seconds: float, rounds: int = 2) -> bool:
+    """An app that saves itself costs what the same app saved through DCP costs: each run
+    ``rounds`` times, alternating which goes first (the first run warms the page cache), and
+    the faster of its runs kept."""
     from dcp_invariant.evidence import rules
     from dcp_invariant.suite import runner
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the loops; workers inherit it
-    seconds, ok = [], True
+    seconds: dict[str, list[float]] = {spec: [] for spec in OWN_SAVE_PAIR}
+    passed = dict.fromkeys(OWN_SAVE_PAIR, True)
+    for round_ in range(rounds):
+        for spec in OWN_SAVE_PAIR if round_ % 2 == 0 else OWN_SAVE_PAIR[::-1]:
+            started = time.perf_counter()
+            suite = runner.run_suite(
+                run_plan=plan.fixture_plan(spec, (1, 2)), names=SHARED_SCENARIOS
+            )
+            seconds[spec].append(time.perf_counter() - started)
+            for name, obs in suite.observations.items():
+                passed[spec] &= not rules.derive(name, obs, run_plan=suite.run_plan)
+    print(f"\n{', '.join(SHARED_SCENARIOS)}, the faster of {rounds} runs each:")
     for spec in OWN_SAVE_PAIR:
-        started = time.perf_counter()
-        suite = runner.run_suite(run_plan=plan.fixture_plan(spec, (1, 2)), names=SHARED_SCENARIOS)
-        seconds.append(time.perf_counter() - started)
-        for name, obs in suite.observations.items():
-            ok &= not rules.derive(name, obs, run_plan=suite.run_plan)
-    print(f"\n{', '.join(SHARED_SCENARIOS)} ({'pass' if ok else 'FAIL'}):")
-    for spec, took in zip(OWN_SAVE_PAIR, seconds, strict=True):
-        print(f"{spec:<32}{took:>8.2f} s {took / import_seconds:>6.1f} units")
-    print(f"saving itself / through DCP: {seconds[1] / seconds[0]:.2f}")
-    return ok
+        took = min(seconds[spec])
+        verdict = "pass" if passed[spec] else "FAIL"
+        print(f"{spec:<32}{took:>8.2f} s {took / import_seconds:>6.1f} units ({verdict})")
+    dcp, own = (min(seconds[spec]) for spec in OWN_SAVE_PAIR)
+    print(f"saving itself / through DCP: {own / dcp:.2f}")
+    return all(passed.values())
 
 
 _OWN_STEPS = """

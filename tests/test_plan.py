@@ -118,6 +118,18 @@ def test_an_app_without_state_is_judged_by_its_losses_and_says_so() -> None:
         plan.fixture_plan("m:f", (1,), compares_state=False)
 
 
+def test_an_app_that_saves_itself_in_a_job_resumes_through_torchruns_restart_only() -> None:
+    launch = plan.Launch(2, 2, "gloo")
+    dcp = plan.in_job_plan("m:f", launch)
+    own = dcp.checkpointed_by("app", compares_state=False)
+    assert own.kind == "in_job" and own.names == ("resume_4",)
+    assert own.to_record()["checkpointing"] == "app"
+    assert plan.plan_from_record(own.to_record()) == own
+    second = plan.in_job_plan("m:f", plan.Launch(1, 4, "gloo", resumed_from=2))
+    with pytest.raises(errors.PlanError, match="--resume-from: an app that saves itself is not"):
+        second.checkpointed_by("app")
+
+
 def test_rank_local_components_of_an_app_that_saves_itself_are_refused() -> None:
     with pytest.raises(errors.PlanError, match=r"--rank-local data: an app that saves itself"):
         plan.fixture_plan("m:f", (1, 2), rank_local=["data"]).checkpointed_by("app")
@@ -176,7 +188,7 @@ def test_fixture_arguments_and_rank_local_components_are_recorded_and_read_back(
         (lambda r: r.update(fixture_args={"rank": 0}), "passes rank and world_size itself"),
         (lambda r: r.update(checkpointing="dcp"), "checkpointing 'dcp', expected 'app' or no"),
         (lambda r: r.update(checkpointing="app"), "are not the ones its parameters give"),
-        (lambda r: r.update(compares_state=True), "compares_state True, expected false or no"),
+        (lambda r: r.update(compares_state=True), "compares_state True, expected False or no"),
         (lambda r: r.update(compares_state=False), "only an app that saves itself may have no"),
     ],
 )

@@ -57,10 +57,7 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
 }
 # Recorded only for an app that saves itself (plan.Plan.to_record), so that a DCP run's
 # provenance reads as before.
-_OWN_CHECKPOINTING: dict[str, checks.Check] = {
-    "checkpointing": checks.one_of("app"),
-    "compares_state": checks.one_of(False),
-}
+_OWN_CHECKPOINTING = {key: checks.one_of(value) for key, value in plan.OWN_CHECKPOINTING.items()}
 _PLAN = checks.record_omitting(_OWN_CHECKPOINTING, **_PLAN_FIELDS)
 FIXTURE_SHAPE = checks.record(
     **_FIELDS,
@@ -70,7 +67,8 @@ FIXTURE_SHAPE = checks.record(
 # A run inside the user's torchrun job also records how it was launched.
 IN_JOB_SHAPE = checks.record(
     **_FIELDS,
-    plan=checks.record(
+    plan=checks.record_omitting(
+        _OWN_CHECKPOINTING,
         **_PLAN_FIELDS,
         launch=checks.record(
             backend=checks.one_of(*plan.BACKENDS),

@@ -8,8 +8,6 @@ scenarios check, so the tool only hands it a directory.
 
 from __future__ import annotations
 
-import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,13 +36,9 @@ def expect(app: Anchored, planned: plan.Checkpointing) -> None:
     """The app built here checkpoints as the plan says (the probe saw it so at world size 1)."""
     if app.checkpointing != planned:
         has = "its own save() and load()" if app.checkpointing == "app" else "no save()/load()"
-        # in-job plans before any app is built (suite/torchrun/in_job.py): there is no probe.
-        fix = "in-job does not check an app that saves itself yet; elsewhere, " * (
-            app.checkpointing == "app"
-        )
         broken_interface(
             f"the plan has the {_WHO[planned]} save and load, but the app built on this rank has "
-            f"{has}: {fix}build the same kind of app on every rank and at every world size"
+            f"{has}: build the same kind of app on every rank and at every world size"
         )
 
 
@@ -72,8 +66,7 @@ def loader(app: Anchored, state: Any = None) -> Loader:
     def own(path: str) -> None:
         try:
             app.load(path)
-        except Exception as exc:  # the framework's refusal, recorded as the load's outcome
-            traceback.print_exc(file=sys.stderr)  # its traceback belongs in the rank's log
+        except Exception as exc:  # the framework's refusal: the caller records or raises it
             raise AppLoadFailed(exc) from exc
 
     return own

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import traceback
 from typing import Any
 
 import numpy  # noqa: F401  (imported, so the probe reports the NumPy workers run with)
@@ -166,6 +168,7 @@ def load_through_pointer(
         except CheckpointException as exc:
             record["load_error"] = load_failure(exc, rank)
         except checkpointing.AppLoadFailed as exc:
+            traceback.print_exception(exc.error, file=sys.stderr)  # the user's frames, for the log
             # Only the type: the message may hold paths (the generation's, for one).
             record["load_error"] = {
                 "kind": "app load",

@@ -8,8 +8,8 @@ own. Each scenario of :func:`dcp_invariant.plan.in_job_plan` works in its own di
 rank of each of its groups (:mod:`.host`):
 
 - attempt 0 (``TORCHELASTIC_RESTART_COUNT`` 0): the uninterrupted arm takes N steps, saves
-  through DCP (``dcp.save``, or ``dcp.async_save`` in thread mode while step N+1 runs) and takes
-  K more; a second arm repeats it, so a loop that does not repeat itself is named as such. Once
+  through DCP (``dcp.save``, or ``dcp.async_save`` in thread mode while step N+1 runs), or
+  with the app's own ``save`` where it has one (then ``resume_W`` alone runs), and takes K more; a second arm repeats it, so a loop that does not repeat itself is named as such. Once
   every rank's save has returned, rank 0 seals and promotes the first arm's checkpoint. At the
   driver's restart every rank writes what it recorded beside it and exits with
   :data:`plan.ELASTIC_EXIT_CODE`, so torchrun restarts every worker on every node;
@@ -221,9 +221,30 @@ def main(options: Options) -> int:
         timeout=timedelta(seconds=options.timeout),
     )
     try:
+        run_plan = run_plan.checkpointed_by(*_checkpointing(options, job, root))
         return _run(root, run_plan, job, options, source, (distribution, runtime))
     finally:
         dist.destroy_process_group()
+
+
+def _checkpointing(
+    options: Options, job: JobEnvironment, root: Path
+) -> tuple[plan.Checkpointing, bool]:
+    """Who saves the app, and whether it has a state_dict() to compare: the plan's scenarios
+    hang on it, and a job has no probe (``run``'s runs in a worker of its own), so every rank
+    builds the app once, in a directory of its own, before any scenario; every attempt alike,
+    so that attempt 1 replays attempt 0's plan."""
+    from dcp_invariant.suite import fixture
+
+    scratch = root / STATE_DIR / f"shape-rank{job.rank}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    home = os.getcwd()
+    os.chdir(scratch)  # whatever the fixture writes where it runs
+    try:
+        app = fixture.build_app(options.fixture, job.rank, job.world_size, options.fixture_args)
+    finally:
+        os.chdir(home)
+    return app.checkpointing, app.has_state
 
 
 def _run(
