@@ -15,7 +15,15 @@ from dcp_invariant import dcp_layout, fixture_inputs
 from dcp_invariant.errors import PlanError
 
 Family = Literal[
-    "training", "dtensor", "elastic", "rank_exit", "damaged", "resume", "reshard", "async_resume"
+    "training",
+    "dtensor",
+    "elastic",
+    "rank_exit",
+    "damaged",
+    "resume",
+    "reshard",
+    "async_resume",
+    "half_written",
 ]
 # How an async_resume scenario saves: dcp.async_save in thread mode, with the default
 # synchronous staging or with DefaultStager's background staging, or in process mode.
@@ -489,6 +497,17 @@ def fixture_plan(
             )
         if 2 in sizes:
             scenarios.append(ELASTIC_SCENARIO)
+        # At the largest world size, where a save writes the most to cut short.
+        scenarios.append(
+            Scenario(
+                f"half_written_{sizes[-1]}",
+                "half_written",
+                sizes[-1],
+                sizes[-1],
+                f"the save at step {n} on {sizes[-1]} rank(s), cut short: fresh ranks' load() "
+                "must refuse it",
+            )
+        )
         for i, scenario in enumerate(scenarios):
             summary = scenario.summary
             if scenario.family == "resume":

@@ -72,6 +72,17 @@ class LoadsTheWrongFile(SavesItself):
         torch.load(os.path.join(checkpoint_dir, "latest.pt"), weights_only=True)
 
 
+class StartsAfreshOnABadFile(SavesItself):
+    """Starts afresh when its file cannot be read, as loops that take a missing or unreadable
+    checkpoint for "no checkpoint yet" do: after a crash mid-save it trains on from step 0."""
+
+    def load(self, checkpoint_dir: str) -> None:
+        try:
+            super().load(checkpoint_dir)
+        except (OSError, RuntimeError, EOFError):
+            return  # the bug: a checkpoint cut short is taken for none
+
+
 class WritesADirectory(SavesItself):
     """Saves into a subdirectory of the one it is given, which the commit protocol refuses."""
 
@@ -108,6 +119,10 @@ def opaque_scheduler_not_restored(rank: int, world_size: int) -> Opaque:
 
 def loads_the_wrong_file(rank: int, world_size: int) -> SavesItself:
     return LoadsTheWrongFile(rank, world_size)
+
+
+def starts_afresh_on_a_bad_file(rank: int, world_size: int) -> SavesItself:
+    return StartsAfreshOnABadFile(rank, world_size)
 
 
 def writes_a_directory(rank: int, world_size: int) -> SavesItself:

@@ -17,7 +17,8 @@ def test_driver_shape_and_rule_registries_cover_exactly_the_planned_families() -
     families = set(plan.FAMILIES)
     assert set(DRIVERS) == families
     assert set(FAMILIES) == families
-    fixture_families = {s.family for s in plan.fixture_plan("m:f", (1, 2)).scenarios}
+    dcp = plan.fixture_plan("m:f", (1, 2))
+    fixture_families = {s.family for p in (dcp, dcp.checkpointed_by("app")) for s in p.scenarios}
     assert {s.family for s in plan.SCENARIOS} | fixture_families == families
 
 
@@ -91,7 +92,13 @@ def test_an_app_that_saves_itself_is_resumed_at_each_world_size_and_across_the_r
     reads as before."""
     dcp = plan.fixture_plan("m:f", (1, 2, 4), 5, 2)
     own = dcp.checkpointed_by("app")
-    assert own.names == ("resume_1", "resume_2", "resume_4", "elastic_restart_2_to_2")
+    assert own.names == (
+        "resume_1",
+        "resume_2",
+        "resume_4",
+        "elastic_restart_2_to_2",
+        "half_written_4",
+    )
     assert own.scenario("resume_2").summary == (
         "5+2 steps on 2 rank(s); fresh ranks load step 5 with the app's own load() and match "
         "the last 2"
@@ -100,7 +107,11 @@ def test_an_app_that_saves_itself_is_resumed_at_each_world_size_and_across_the_r
     assert "checkpointing" not in dcp.to_record()
     assert own.to_record()["checkpointing"] == "app"
     assert plan.plan_from_record(own.to_record()) == own
-    assert plan.fixture_plan("m:f", (1, 4), checkpointing="app").names == ("resume_1", "resume_4")
+    assert plan.fixture_plan("m:f", (1, 4), checkpointing="app").names == (
+        "resume_1",
+        "resume_4",
+        "half_written_4",
+    )
     assert dcp.notes == ()
     assert own.notes == (
         "m:f's app has its own save() and load(): the tool ran them instead of DCP, at each "
@@ -110,7 +121,7 @@ def test_an_app_that_saves_itself_is_resumed_at_each_world_size_and_across_the_r
 
 def test_an_app_without_state_is_judged_by_its_losses_and_says_so() -> None:
     losses_only = plan.fixture_plan("m:f", (1, 2)).checkpointed_by("app", compares_state=False)
-    assert losses_only.names == ("resume_1", "resume_2", "elastic_restart_2_to_2")
+    assert losses_only.names == ("resume_1", "resume_2", "elastic_restart_2_to_2", "half_written_2")
     assert losses_only.to_record()["compares_state"] is False
     assert plan.plan_from_record(losses_only.to_record()) == losses_only
     assert losses_only.notes[-1].startswith("m:f's app has no state_dict(): each resume is judged")

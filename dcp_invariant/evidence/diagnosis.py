@@ -33,6 +33,8 @@ NOT_RESTORED = "not restored by the app's save() and load()"
 # What an app's own save wrote that the commit protocol cannot seal: a subdirectory, a link,
 # nothing (dcp_invariant/commit/receipt.py).
 UNSEALABLE = "the app's save() cannot be sealed"
+# An app's own load() that returned, on every rank, on a checkpoint cut short (half_written).
+LOADS_CUT_SHORT = "the app's load() takes a checkpoint cut short"
 NONDETERMINISTIC = "non-deterministic fixture"
 NON_FINITE = "non-finite loss"
 # A group killed at its deadline (families._groups.timed_out); check() reports a fixture whose
@@ -238,6 +240,7 @@ RANKED_CAUSES = (
     ROUND_TRIP,
     APP_ROUND_TRIP,
     UNSEALABLE,
+    LOADS_CUT_SHORT,
     OUTSIDE_STATE_DICT,
     NOT_RESTORED,
     NONDETERMINISTIC,

@@ -43,6 +43,7 @@ from dcp_invariant.suite.fixture import (
     loss_value,
 )
 from dcp_invariant.suite.scenarios.payloads import (
+    FixtureLoadCut,
     FixtureProbe,
     FixtureProbeRecord,
     FixtureResume,
@@ -364,6 +365,22 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
         _stop_if_not_finite(loss, f"resumed step {step}")
+
+
+def fixture_load_cut(rank: int, world_size: int, payload: FixtureLoadCut, report: Reporter) -> None:
+    """Point a fresh app's own load() at a checkpoint cut short: does it refuse it?"""
+    app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
+    checkpointing.expect(app, payload["checkpointing"])
+    record: dict[str, Any] = {"rank": rank, "loaded": False, "exception": None}
+    try:
+        app.load(payload["directory"])
+    except Exception as exc:  # the refusal this scenario hopes for: recorded, not raised
+        # One line for the log: the type is the evidence (the message may hold paths).
+        print(f"load() refused the checkpoint cut short: {type(exc).__name__}: {exc}", flush=True)
+        record["exception"] = type(exc).__name__
+    else:
+        record["loaded"] = True
+    report(record)
 
 
 class _WithoutComponents:

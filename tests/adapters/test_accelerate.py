@@ -116,7 +116,7 @@ def derive(fixture: str, names: list[str], world_sizes: tuple[int, ...]) -> Any:
 @pytest.mark.live
 def test_the_correct_loop_resumes_at_one_and_two_ranks_and_under_torchrun() -> None:
     pytest.importorskip("accelerate")
-    names = ["resume_1", "resume_2", "elastic_restart_2_to_2"]
+    names = ["resume_1", "resume_2", "elastic_restart_2_to_2", "half_written_2"]
     reasons, observations = derive("correct", names, (1, 2))
     assert reasons == {name: [] for name in names}, reasons
     # Each rank trains on its own shard of every batch: the models are equal at the save only

@@ -94,8 +94,9 @@ def test_the_check_finds_a_family_name_branch(source: str) -> None:
         (records.GroupRecord, record_parts.group(json_object)),
         (records.FileSize, record_parts.file_size),
         (records.FailureRecord, record_parts.failure),
+        (records.CutRecord, record_parts.cut),
     ],
-    ids=["commit", "group", "file_size", "failure"],
+    ids=["commit", "group", "file_size", "failure", "cut"],
 )
 def test_a_typed_record_part_has_exactly_the_keys_its_shape_requires(
     typed: Any, shape: Record

@@ -351,7 +351,7 @@ def test_an_app_that_saves_itself_holds_at_each_world_size_and_across_the_restar
     out = tmp_path / "out"
     proc = run_fixture("saving_loops:saves_itself", out, "--world-sizes", "1,2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    names = ["resume_1", "resume_2", "elastic_restart_2_to_2"]
+    names = ["resume_1", "resume_2", "elastic_restart_2_to_2", "half_written_2"]
     for name in names:
         assert re.search(rf"^pass\s+{name}\s", proc.stdout, re.M), proc.stdout
     notes = [line for line in proc.stdout.splitlines() if line.startswith("note: ")]
@@ -399,6 +399,20 @@ def test_an_app_without_state_is_judged_by_its_losses_and_its_save_and_load_name
         "the app's save() cannot be sealed: commit: state: is a directory; a checkpoint may "
         "hold regular files only",
         "target: did not run",  # nothing was promoted to load
+    ], reasons
+
+
+def test_a_load_that_takes_a_checkpoint_cut_short_for_none_is_named() -> None:
+    """A loop that starts afresh when its file cannot be read returns from load() on every rank
+    of a save cut short (rank 1's file cut to half): after a crash mid-save it would train on
+    from step 0."""
+    reasons = derive("starts_afresh_on_a_bad_file", ["half_written_2"], (2,), module="saving_loops")
+    assert reasons["half_written_2"] == [
+        "the app's load() takes a checkpoint cut short: every rank's load() returned on the save "
+        "after 3 steps cut short (rank0.pt whole, rank1.pt cut to half): a job resumed after a "
+        "crash mid-save would train on what it read; have load() check that every file is whole "
+        "(a manifest written last, as DCP's .metadata is) or resume only from what the save "
+        "marked finished"
     ], reasons
 
 

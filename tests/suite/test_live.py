@@ -240,9 +240,9 @@ def test_sealing_an_unfinished_save_fails_the_rank_exit_verdict(
 
     real_seal = receipt.seal
 
-    def seal_anything(directory: Path, label: str) -> receipt.Receipt:
+    def seal_anything(directory: Path, label: str, marker: str | None) -> receipt.Receipt:
         (directory / dcp_layout.METADATA_FILE).write_bytes(b"")
-        return real_seal(directory, label)
+        return real_seal(directory, label, marker)
 
     monkeypatch.setattr("dcp_invariant.commit.store.receipt.seal", seal_anything)
     reasons = _run(["rank_exit_no_promotion"])["rank_exit_no_promotion"]

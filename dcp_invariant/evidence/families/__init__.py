@@ -19,6 +19,7 @@ from dcp_invariant.evidence.families import (
     damaged_evidence,
     dtensor_evidence,
     elastic_evidence,
+    half_written_evidence,
     rank_exit_evidence,
     reshard_evidence,
     resume_evidence,
@@ -59,5 +60,6 @@ FAMILIES: Final[Mapping[plan.Family, Family]] = MappingProxyType(
         "resume": resume_evidence,
         "reshard": reshard_evidence,
         "async_resume": async_resume_evidence,
+        "half_written": half_written_evidence,
     }
 )

@@ -102,6 +102,12 @@ commit = record(
     generations_after=integer(0),
 )
 
+cut = record(
+    kept=list_of(string, dcp_layout.MAX_FILES),
+    truncated=string,
+    left_out=list_of(string, dcp_layout.MAX_FILES),
+)
+
 # What a rank reports after resolving the pointer and (if verification passed) loading.
 load_fields: dict[str, Check] = {
     "rank": integer(0),

@@ -43,6 +43,15 @@ class CommitRecord(TypedDict):
     generations_after: int
 
 
+class CutRecord(TypedDict):
+    """A checkpoint cut short (half_written): of its files in name order, those copied whole,
+    the one cut to half its bytes, and those left out."""
+
+    kept: list[str]
+    truncated: str
+    left_out: list[str]
+
+
 class GroupRecord(TypedDict):
     """A worker group: each rank's exit code, whether it outran its deadline, and each rank's
     report, whose keys depend on the task (each family's shape says which)."""

@@ -9,6 +9,7 @@ from dcp_invariant.suite.scenarios import (
     damaged,
     dtensor,
     elastic,
+    half_written,
     rank_exit,
     reshard,
     resume,
@@ -27,4 +28,5 @@ DRIVERS: dict[str, Driver] = {
     "resume": resume.run,
     "reshard": reshard.run,
     "async_resume": resume.run,
+    "half_written": half_written.run,
 }

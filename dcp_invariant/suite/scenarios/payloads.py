@@ -109,6 +109,15 @@ class FixtureResume(TypedDict):
     store: str
 
 
+class FixtureLoadCut(TypedDict):
+    """Fresh ranks point the app's own load() at a checkpoint cut short (half_written)."""
+
+    checkpointing: plan.Checkpointing
+    directory: str  # the copy cut short, relative to the scenario's workspace
+    fixture: str
+    fixture_args: FixtureArgs
+
+
 class Elastic(TypedDict):
     """The elastic scenario's job, written as JSON for torchrun's ranks
     (:mod:`dcp_invariant.suite.torchrun.elastic_rank`)."""
@@ -158,6 +167,7 @@ DTENSOR_LOAD: Final = Task(f"{_TASKS}:dtensor_load", DTensorLoad)
 FIXTURE_PROBE: Final = Task(f"{_FIXTURE_TASKS}:fixture_probe", FixtureProbe)
 FIXTURE_TRAIN: Final = Task(f"{_FIXTURE_TASKS}:fixture_train", FixtureTrain)
 FIXTURE_RESUME: Final = Task(f"{_FIXTURE_TASKS}:fixture_resume", FixtureResume)
+FIXTURE_LOAD_CUT: Final = Task(f"{_FIXTURE_TASKS}:fixture_load_cut", FixtureLoadCut)
 # Every task a driver or the runner sends, and the ones that load a checkpoint: a scenario that
 # ran one of those attempted a load (:meth:`.common.ScenarioContext.load_attempted`).
 TASKS: Final = (
@@ -169,5 +179,7 @@ TASKS: Final = (
     FIXTURE_PROBE,
     FIXTURE_TRAIN,
     FIXTURE_RESUME,
+    FIXTURE_LOAD_CUT,
 )
+# FIXTURE_LOAD_CUT is not one: it loads a copy outside the store, never a generation.
 LOADS: Final = frozenset({LOAD_AND_STEP.ref, DTENSOR_LOAD.ref, FIXTURE_RESUME.ref})

@@ -1,0 +1,80 @@
+"""half_written_<w>: what an app that saves itself does when its own load() meets a checkpoint
+its save() never finished.
+
+Its save has no marker the commit protocol could wait for, as DCP's ``.metadata`` is: it is
+sealed once every rank's ``save()`` has returned, so a save cut short (a rank killed inside it)
+is never promoted, and the pointer never leads to one. Left to know is the app's own loader
+pointed at such a directory by hand, as a job that resumes from the newest directory it finds
+would. The source takes N steps and saves; the save is committed, and the driver cuts a copy of
+the generation short (:func:`cut_short`); fresh ranks call ``load()`` on the copy. A rank that
+refuses stops the resume, loudly; ``load()`` returning on every rank means the job would train
+on whatever it read.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant.evidence.families.records import CutRecord
+from dcp_invariant.suite.scenarios.common import ScenarioContext
+from dcp_invariant.suite.scenarios.payloads import (
+    FIXTURE_LOAD_CUT,
+    FIXTURE_TRAIN,
+    FixtureLoadCut,
+)
+from dcp_invariant.suite.scenarios.reshard import train_payload
+
+CUT = "cut-short"  # the copy, in the scenario's workspace
+
+
+def cut_short(generation: Path, target: Path) -> CutRecord:
+    """A copy of ``generation`` as a save killed midway leaves it, the same every run: of its
+    files in name order, the first half whole, the next one cut to half its bytes, the rest
+    never written. (A real crash leaves some such mix; the order names make it repeatable.)"""
+    names = sorted(p.name for p in generation.iterdir())
+    half = len(names) // 2
+    target.mkdir()
+    for name in names[:half]:
+        shutil.copyfile(generation / name, target / name)
+    cut = names[half]
+    size = (generation / cut).stat().st_size
+    with open(generation / cut, "rb") as source, open(target / cut, "wb") as sink:
+        sink.write(source.read(size // 2))
+    return {"kept": names[:half], "truncated": cut, "left_out": names[half + 1 :]}
+
+
+def run(ctx: ScenarioContext) -> dict[str, Any]:
+    sc, the_plan = ctx.scenario, ctx.run_plan
+    obs = ctx.begin(
+        fixture=ctx.fixture,
+        steps_before_save=the_plan.steps_before,
+        steps_after=the_plan.steps_after,
+        commit=None,
+        cut=None,
+        cut_load=None,
+    )
+    label = the_plan.baseline_label
+    with ctx.recording(obs):
+        source = ctx.group(
+            "source", FIXTURE_TRAIN(train_payload(ctx, label, None, 0)), sc.source_world_size
+        )
+        obs["source"] = source.record()
+        if not source.ok:
+            return obs
+        obs["commit"] = ctx.commit(label)
+        if not obs["commit"]["promoted"]:
+            return obs
+        generation = ctx.store.resolve()
+        obs["cut"] = cut_short(generation.path, ctx.workdir / CUT)
+        payload: FixtureLoadCut = {
+            "checkpointing": the_plan.checkpointing,
+            "directory": ctx.written(CUT),
+            "fixture": ctx.fixture,
+            "fixture_args": the_plan.arguments,
+        }
+        # Not the "target" other families have: these ranks load no generation.
+        loads = ctx.group("cut-load", FIXTURE_LOAD_CUT(payload), sc.target_world_size)
+        obs["cut_load"] = loads.record()
+    return obs
