@@ -19,12 +19,8 @@ from typing import Any
 
 from dcp_invariant.evidence.families.records import CutRecord
 from dcp_invariant.suite.scenarios.common import ScenarioContext
-from dcp_invariant.suite.scenarios.payloads import (
-    FIXTURE_LOAD_CUT,
-    FIXTURE_TRAIN,
-    FixtureLoadCut,
-)
-from dcp_invariant.suite.scenarios.reshard import train_payload
+from dcp_invariant.suite.scenarios.payloads import FIXTURE_LOAD_CUT, FixtureLoadCut
+from dcp_invariant.suite.scenarios.reshard import source_committed
 
 CUT = "cut-short"  # the copy, in the scenario's workspace
 
@@ -55,16 +51,8 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         cut=None,
         cut_load=None,
     )
-    label = the_plan.baseline_label
     with ctx.recording(obs):
-        source = ctx.group(
-            "source", FIXTURE_TRAIN(train_payload(ctx, label, None, 0)), sc.source_world_size
-        )
-        obs["source"] = source.record()
-        if not source.ok:
-            return obs
-        obs["commit"] = ctx.commit(label)
-        if not obs["commit"]["promoted"]:
+        if not source_committed(ctx, obs, None):
             return obs
         generation = ctx.store.resolve()
         obs["cut"] = cut_short(generation.path, ctx.workdir / CUT)

@@ -61,8 +61,24 @@ def resume_group(ctx: ScenarioContext, *, compare_steps: bool) -> GroupRecord:
     return ctx.target_record(target)
 
 
+def source_committed(ctx: ScenarioContext, obs: dict[str, Any], snapshots: str | None) -> bool:
+    """The source arm (N steps and the save, at the source world size) into ``obs["source"]``,
+    then its save committed into ``obs["commit"]``: whether it was promoted."""
+    label = ctx.run_plan.baseline_label
+    source = ctx.group(
+        "source",
+        FIXTURE_TRAIN(train_payload(ctx, label, snapshots, 0)),
+        ctx.scenario.source_world_size,
+    )
+    obs["source"] = source.record()
+    if not source.ok:
+        return False
+    obs["commit"] = ctx.commit(label)
+    return bool(obs["commit"]["promoted"])
+
+
 def run(ctx: ScenarioContext) -> dict[str, Any]:
-    sc, the_plan = ctx.scenario, ctx.run_plan
+    the_plan = ctx.run_plan
     obs = ctx.begin(
         fixture=ctx.fixture,
         steps_before_save=the_plan.steps_before,
@@ -71,18 +87,8 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         target=None,
         left_out=left_out(ctx),
     )
-    label = the_plan.baseline_label
     with ctx.recording(obs):
-        source = ctx.group(
-            "source",
-            FIXTURE_TRAIN(train_payload(ctx, label, REFERENCE_SNAPSHOTS, 0)),
-            sc.source_world_size,
-        )
-        obs["source"] = source.record()
-        if not source.ok:
-            return obs
-        obs["commit"] = ctx.commit(label)
-        if not obs["commit"]["promoted"]:
+        if not source_committed(ctx, obs, REFERENCE_SNAPSHOTS):
             return obs
         ctx.restart()  # the loading ranks hold nothing of the source's (in-job: a second launch)
         obs["target"] = resume_group(ctx, compare_steps=False)
