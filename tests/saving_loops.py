@@ -83,6 +83,22 @@ class StartsAfreshOnABadFile(SavesItself):
             return  # the bug: a checkpoint cut short is taken for none
 
 
+class DiesInsideSave(SavesItself):
+    """Rank 1 is killed inside its save, half of its file written, as a node lost mid-save is."""
+
+    def save(self, checkpoint_dir: str) -> None:
+        if self.rank != 1:
+            super().save(checkpoint_dir)
+            return
+        with open(self.path(checkpoint_dir), "wb") as f:
+            f.write(b"half a checkpoint")
+        os._exit(DIES_INSIDE_SAVE)
+
+
+# The exit code of the rank DiesInsideSave kills.
+DIES_INSIDE_SAVE = 87
+
+
 class WritesADirectory(SavesItself):
     """Saves into a subdirectory of the one it is given, which the commit protocol refuses."""
 
@@ -123,6 +139,10 @@ def loads_the_wrong_file(rank: int, world_size: int) -> SavesItself:
 
 def starts_afresh_on_a_bad_file(rank: int, world_size: int) -> SavesItself:
     return StartsAfreshOnABadFile(rank, world_size)
+
+
+def dies_inside_save(rank: int, world_size: int) -> SavesItself:
+    return DiesInsideSave(rank, world_size)
 
 
 def writes_a_directory(rank: int, world_size: int) -> SavesItself:

@@ -402,6 +402,20 @@ def test_an_app_without_state_is_judged_by_its_losses_and_its_save_and_load_name
     ], reasons
 
 
+def test_a_rank_killed_inside_the_apps_save_leaves_nothing_to_load(tmp_path: Path) -> None:
+    """Nothing of a save some rank never returned from is sealed: no generation, no pointer, so
+    nothing reaches the app's load()."""
+    import saving_loops
+
+    out = tmp_path / "out"
+    proc = run_fixture("saving_loops:dies_inside_save", out, "--world-sizes", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    observed = canonical.loads((out / schema.observation_file("resume_2")).read_bytes())
+    assert observed["reference"]["exit_codes"][1] == saving_loops.DIES_INSIDE_SAVE
+    assert observed["commit"] is None and observed["target"] is None
+    assert verify_artifact(out).valid
+
+
 def test_a_load_that_takes_a_checkpoint_cut_short_for_none_is_named() -> None:
     """A loop that starts afresh when its file cannot be read returns from load() on every rank
     of a save cut short (rank 1's file cut to half): after a crash mid-save it would train on
