@@ -65,17 +65,23 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
     shape: Checkpointing | None = None  # who checkpoints the app, once it is built
     has_state: bool | None = None
 
-    def entering(phase: ProbePhase) -> None:
-        # Each phase is recorded as it starts: a probe that times out is then reported by the
-        # phase it was stuck in (runner._probe_timeout).
+    def probed(
+        phase: ProbePhase, problem: str | None = None, threads: list[str] | None = None
+    ) -> None:
+        """Report the probe as it stands: what it found of the app so far, and ``phase``."""
         record: FixtureProbeRecord = {
-            "problem": None,
+            "problem": problem,
             "phase": phase,
-            "threads": [],
+            "threads": threads or [],
             "checkpointing": shape,
             "has_state": has_state,
         }
         report(dict(record))
+
+    def entering(phase: ProbePhase) -> None:
+        # Each phase is recorded as it starts: a probe that times out is then reported by the
+        # phase it was stuck in (runner._probe_timeout).
+        probed(phase)
 
     try:
         entering("build")
@@ -91,14 +97,7 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
         if app.has_state:
             _probe_state(spec, app.state_dict(), through_dcp=shape == "dcp")
     except (FixtureError, state_keys.StateKeyError) as exc:
-        problem: FixtureProbeRecord = {
-            "problem": str(exc),
-            "phase": "done",
-            "threads": [],
-            "checkpointing": shape,
-            "has_state": has_state,
-        }
-        report(dict(problem))
+        probed("done", problem=str(exc))
         return
     # The worker cannot exit while a thread that is not a daemon runs: CPython joins every one
     # at exit (threading._shutdown, which multiprocessing's Process._bootstrap calls too). The
@@ -107,14 +106,7 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
     threads = [
         t.name for t in threading.enumerate() if t is not current and not t.daemon and t.is_alive()
     ]
-    done: FixtureProbeRecord = {
-        "problem": None,
-        "phase": "done",
-        "threads": threads,
-        "checkpointing": shape,
-        "has_state": has_state,
-    }
-    report(dict(done))
+    probed("done", threads=threads)
 
 
 def _rank_local_present(spec: str, state: Any, components: list[str]) -> None:
@@ -373,11 +365,11 @@ def fixture_load_cut(rank: int, world_size: int, payload: FixtureLoadCut, report
     checkpointing.expect(app, payload["checkpointing"])
     record: dict[str, Any] = {"rank": rank, "loaded": False, "exception": None}
     try:
-        app.load(payload["directory"])
-    except Exception as exc:  # the refusal this scenario hopes for: recorded, not raised
+        checkpointing.loader(app)(payload["directory"])
+    except checkpointing.AppLoadFailed as exc:  # the refusal this scenario hopes for
         # One line for the log: the type is the evidence (the message may hold paths).
-        print(f"load() refused the checkpoint cut short: {type(exc).__name__}: {exc}", flush=True)
-        record["exception"] = type(exc).__name__
+        print(f"load() refused the checkpoint cut short: {exc}", flush=True)
+        record["exception"] = type(exc.error).__name__
     else:
         record["loaded"] = True
     report(record)

@@ -132,7 +132,6 @@ def run_suite(
             host = PoolHost(pool, SharedGroups(workspace / "shared", STORE_ROOT))
 
             begun: list[str] = []
-            the_plan = run_plan  # as the probe left it, for the scenarios' threads
 
             def one(name: str) -> None:
                 started = time.monotonic()
@@ -140,10 +139,10 @@ def run_suite(
                     begun.append(name)
                     if len(begun) == len(order):
                         pool.wind_down()
-                scenario = the_plan.scenario(name)
+                scenario = run_plan.scenario(name)
                 workdir = workspace / name
                 workdir.mkdir()
-                ctx = ScenarioContext(scenario, host, workdir, fixture, the_plan)
+                ctx = ScenarioContext(scenario, host, workdir, fixture, run_plan)
                 obs = DRIVERS[scenario.family](ctx)
                 if pool.cancelled:
                     raise Cancelled("the run is being interrupted")  # its outcome means nothing
@@ -151,7 +150,7 @@ def run_suite(
                 elapsed = time.monotonic() - started
                 obs = ctx.finished(obs)
                 left_running = ctx.left_running_record()
-                reasons = rules.derive(name, obs, run_plan=the_plan)
+                reasons = rules.derive(name, obs, run_plan=run_plan)
                 logs = [] if not reasons else _logs(ctx)
                 with lock:
                     observations[name] = obs

@@ -9,7 +9,8 @@ rank of each of its groups (:mod:`.host`):
 
 - attempt 0 (``TORCHELASTIC_RESTART_COUNT`` 0): the uninterrupted arm takes N steps, saves
   through DCP (``dcp.save``, or ``dcp.async_save`` in thread mode while step N+1 runs), or
-  with the app's own ``save`` where it has one (then ``resume_W`` alone runs), and takes K more; a second arm repeats it, so a loop that does not repeat itself is named as such. Once
+  with the app's own ``save`` where it has one (then ``resume_W`` alone runs), and takes K
+  more; a second arm repeats it, so a loop that does not repeat itself is named as such. Once
   every rank's save has returned, rank 0 seals and promotes the first arm's checkpoint. At the
   driver's restart every rank writes what it recorded beside it and exits with
   :data:`plan.ELASTIC_EXIT_CODE`, so torchrun restarts every worker on every node;
