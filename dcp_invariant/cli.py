@@ -329,6 +329,8 @@ def _verify(args: argparse.Namespace) -> int:
         if not report.valid:
             lines.append(f"verdict: invalid artifact ({len(report.problems)} problems)")
         else:
+            # What the run did not check, as `run` said it: the plan is the recorded one.
+            lines += [f"note: {canonical.shown(note)}" for note in report.run_plan.notes]
             failed = sum(r["verdict"] == "fail" for r in report.results.values())
             passed = len(report.results) - failed
             lines.append(rules.verdict_line("fail" if failed else "pass", passed, failed))

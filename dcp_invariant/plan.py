@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 from dcp_invariant import dcp_layout, fixture_inputs
 from dcp_invariant.errors import PlanError
@@ -26,13 +26,74 @@ Family = Literal[
     "half_written",
 ]
 # How an async_resume scenario saves: dcp.async_save in thread mode, with the default
-# synchronous staging or with DefaultStager's background staging, or in process mode.
-AsyncMode = Literal["thread", "staged", "process"]
+# synchronous staging or with DefaultStager's background staging, or in process mode; or, for
+# an app that saves itself and declares its save async, the app's own save(), whose future the
+# tool waits for only after the next step.
+AsyncMode = Literal["thread", "staged", "process", "app"]
 # Who writes and reads a fixture's checkpoints: the tool, through ``dcp.save``/``dcp.load`` of
 # the app's ``state_dict()``, or the app itself, through its own ``save(dir)``/``load(dir)``
 # (its framework's checkpoint code: ``fabric.save``, ``accelerator.save_state``, ...).
 Checkpointing = Literal["dcp", "app"]
 CHECKPOINTINGS: tuple[Checkpointing, ...] = get_args(Checkpointing)
+
+
+class AppShape(TypedDict):
+    """Who checkpoints a fixture's app, and what an app that saves itself has and declares.
+
+    The probe finds it (in a torchrun job, every rank builds the app once), the plan's
+    scenarios follow from it (:meth:`Plan.checkpointed_by`), and every rank holds the app it
+    builds to it. The declarations are the app's own attributes, read only where it saves
+    itself: the tool reshards and saves asynchronously what goes through DCP, and cannot know
+    whether a framework's own checkpoint code does either.
+    """
+
+    checkpointing: Checkpointing
+    has_state: bool  # a state_dict() the tool compares, key by key, with what load() restored
+    reshards: bool  # ``reshards = True``: its load() restores a save made at another world size
+    saves_async: bool  # ``saves_async = True``: its save() returns a future (``result()``)
+
+
+DCP_SHAPE: AppShape = {
+    "checkpointing": "dcp",
+    "has_state": True,
+    "reshards": False,
+    "saves_async": False,
+}
+
+
+def own_shape(
+    *, has_state: bool = True, reshards: bool = False, saves_async: bool = False
+) -> AppShape:
+    """The shape of an app that saves itself."""
+    return {
+        "checkpointing": "app",
+        "has_state": has_state,
+        "reshards": reshards,
+        "saves_async": saves_async,
+    }
+
+
+# What each declaration is called on the app, and what it makes the tool check.
+DECLARATIONS: dict[str, str] = {
+    "reshards": "its load() restores a save made at another world size",
+    "saves_async": "its save() returns a future that completes with the write",
+}
+
+
+def described(shape: AppShape) -> str:
+    """``shape`` in words, for a message that two apps differ."""
+    if shape["checkpointing"] == "dcp":
+        return "saved by the tool through DCP"
+    parts = ["a state_dict()" if shape["has_state"] else "no state_dict()"]
+    parts += [f"reshards = {shape['reshards']}", f"saves_async = {shape['saves_async']}"]
+    return "saving itself, with " + ", ".join(parts)
+
+
+# How a note says a declaration was acted on, and what was not checked without it.
+_CLAIMED: dict[str, tuple[str, str]] = {
+    "reshards": ("resharded between world sizes", "reshard"),
+    "saves_async": ("its save() left running through the next step", "async save"),
+}
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 # Training scenarios: the fixture takes this many steps, is saved, and (where the plan says so)
@@ -214,8 +275,11 @@ class Plan:
     launch: Launch | None = None
     checkpointing: Checkpointing = "dcp"
     # False for an app that saves itself and has no state_dict(): its resumes are judged by
-    # their losses alone, as its note says (:attr:`note`).
+    # their losses alone, as its note says (:attr:`notes`).
     compares_state: bool = True
+    # What an app that saves itself declares (AppShape): it is resharded, saved asynchronously.
+    reshards: bool = False
+    saves_async: bool = False
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -249,13 +313,22 @@ class Plan:
             (self.candidate_label, self.steps_before + 1),
         ]
 
-    def checkpointed_by(self, checkpointing: Checkpointing, compares_state: bool = True) -> Plan:
-        """This fixture plan for an app checkpointed so: its own scenarios (:func:`fixture_plan`).
+    @property
+    def shape(self) -> AppShape:
+        return {
+            "checkpointing": self.checkpointing,
+            "has_state": self.compares_state,
+            "reshards": self.reshards,
+            "saves_async": self.saves_async,
+        }
+
+    def checkpointed_by(self, shape: AppShape) -> Plan:
+        """This fixture plan for an app of ``shape``: its own scenarios (:func:`fixture_plan`).
 
         PlanError where the parameters do not fit it (rank-local components of an app that
-        saves itself, or an app of DCP's shape without state).
+        saves itself and is not resharded, say).
         """
-        if (checkpointing, compares_state) == (self.checkpointing, self.compares_state):
+        if shape == self.shape:
             return self
         if self.kind == "in_job":
             assert self.launch is not None  # every in-job plan has its launch
@@ -265,8 +338,7 @@ class Plan:
                 self.steps_before,
                 self.steps_after,
                 self.arguments,
-                checkpointing,
-                compares_state,
+                shape,
             )
         return fixture_plan(
             self.fixture,
@@ -275,20 +347,26 @@ class Plan:
             self.steps_after,
             self.arguments,
             self.rank_local,
-            checkpointing,
-            compares_state,
+            shape,
         )
 
     @property
     def notes(self) -> tuple[str, ...]:
         """What a run of this plan did not check, for the console to say: an app that saves
-        itself may not have meant its save() and load() for the tool."""
+        itself may not have meant its save() and load() for the tool, and declares what its
+        framework does beyond a resume at one world size."""
         if self.checkpointing == "dcp":
             return ()
+        claims = [
+            f"{_CLAIMED[name][0]}, as it declares ({name} = True)"
+            if getattr(self, name)
+            else f"no {_CLAIMED[name][1]} checked: set {name} = True on the app if "
+            f"{DECLARATIONS[name]}"
+            for name in DECLARATIONS
+        ]
         notes = [
             f"{self.fixture}'s app has its own save() and load(): the tool ran them instead of "
-            "DCP, at each world size and across torchrun's restart, and checked no reshard and "
-            "no async save"
+            "DCP, at each world size and across torchrun's restart; " + "; ".join(claims)
         ]
         if not self.compares_state:
             notes.append(
@@ -303,12 +381,10 @@ class Plan:
         launch = {} if self.launch is None else {"launch": self.launch.to_record()}
         # Recorded only when the app saves itself: a DCP run's plan, and so its evidence, reads
         # as it did before apps could.
-        own = {} if self.checkpointing == "dcp" else {"checkpointing": self.checkpointing}
-        stateless = {} if self.compares_state else {"compares_state": False}
+        own = {k: v for k, v in OWN_CHECKPOINTING.items() if getattr(self, k) == v}
         return {
             **launch,
             **own,
-            **stateless,
             "fixture": self.fixture,
             "fixture_args": self.arguments,
             "kind": self.kind,
@@ -353,13 +429,13 @@ def in_job_plan(
     steps_before: int = DEFAULT_STEPS_BEFORE,
     steps_after: int = DEFAULT_STEPS_AFTER,
     fixture_args: Mapping[str, Any] | None = None,
-    checkpointing: Checkpointing = "dcp",
-    compares_state: bool = True,
+    shape: AppShape = DCP_SHAPE,
 ) -> Plan:
     """The checks a torchrun job runs on itself at its own world size W: resume_W (dcp.save)
     and async_resume_W (dcp.async_save, thread mode), each across torchrun's restart of every
-    worker on every node. An app that saves itself: resume_W alone, through its own save and
-    load, and no second launch (the tool reshards only what it saves)."""
+    worker on every node. An app that saves itself: resume_W through its own save and load,
+    async_resume_W where it declares its save async, and a second launch only where it
+    declares that it reshards."""
     fixture_inputs.check_fixture_spec(fixture)
     if (
         not fixture_inputs.positive_int(launch.nodes)
@@ -381,38 +457,54 @@ def in_job_plan(
             f"this launch's {launch.world_size} (a resume at the same size is the first launch's)"
         )
     _check_steps(steps_before, steps_after)
-    _check_checkpointing(checkpointing, compares_state)
+    _check_shape(shape)
     w, n = launch.world_size, steps_before
     arguments = fixture_inputs.fixture_args({} if fixture_args is None else fixture_args)
-    if checkpointing == "app":
-        if a is not None:
+    if shape["checkpointing"] == "app":
+        if a is not None and not shape["reshards"]:
             raise PlanError(
-                "--resume-from: an app that saves itself is not resharded by the tool (what its "
-                "framework wrote is its own); check it at each world size with a launch of its own"
+                "--resume-from: this app saves itself and does not declare reshards = True, so "
+                "a load at another world size is not its framework's to promise; check it at "
+                "each world size with a launch of its own, or declare it if its load() reshards"
             )
-        resume = Scenario(
-            f"resume_{w}",
-            "resume",
-            w,
-            w,
-            f"in the torchrun job: {n}+{steps_after} steps on {w} ranks, twice; every worker "
-            f"restarted loads step {n} with the app's own load() and matches the last "
-            f"{steps_after}",
-            checkpointing="app",
-            compares_state=compares_state,
-        )
+        own: list[Scenario] = []
+        if a is not None:
+            own.append(
+                Scenario(
+                    f"reshard_{a}_to_{w}",
+                    "reshard",
+                    a,
+                    w,
+                    f"in a second torchrun job: the first job's step-{n} save, made at {a} ranks "
+                    f"by the app's save(), loaded at {w} by its load(): every key bit-identical, "
+                    f"then {steps_after} steps",
+                )
+            )
+        else:
+            own.append(
+                Scenario(
+                    f"resume_{w}",
+                    "resume",
+                    w,
+                    w,
+                    f"in the torchrun job: {n}+{steps_after} steps on {w} ranks, twice; every "
+                    f"worker restarted loads step {n} with the app's own load() and matches the "
+                    f"last {steps_after}",
+                )
+            )
+            if shape["saves_async"]:
+                own.append(_own_async(w, n, "in the torchrun job: "))
         return Plan(
             "in_job",
             fixture,
             (w,),
             n,
             steps_after,
-            (resume,),
+            _checkpointed_by_app(own, shape),
             arguments,
             (),
             launch,
-            "app",
-            compares_state,
+            **_plan_fields(shape),
         )
     if a is not None:
         resharded = Scenario(
@@ -453,14 +545,14 @@ def fixture_plan(
     steps_after: int = DEFAULT_STEPS_AFTER,
     fixture_args: Mapping[str, Any] | None = None,
     rank_local: Sequence[str] = (),
-    checkpointing: Checkpointing = "dcp",
-    compares_state: bool = True,
+    shape: AppShape = DCP_SHAPE,
 ) -> Plan:
     """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar.
 
-    An app that saves itself (``checkpointing="app"``) is resumed at each world size and across
-    torchrun's restart: what its framework writes is its own, so the tool neither reshards it
-    nor makes its save asynchronous. ``compares_state`` False: it has no ``state_dict()``.
+    An app that saves itself (``shape``) is resumed at each world size, across torchrun's
+    restart, and from a save cut short; it is resharded, or saved asynchronously, where it
+    declares that its framework does so (:class:`AppShape`): what its framework writes is its
+    own, so the tool cannot reshard it or make its save asynchronous.
     """
     fixture_inputs.check_fixture_spec(fixture)
     sizes = tuple(world_sizes)
@@ -488,13 +580,38 @@ def fixture_plan(
         )
         for w in sizes
     ]
-    _check_checkpointing(checkpointing, compares_state)
-    if checkpointing == "app":
-        if local:
+    _check_shape(shape)
+    reshards = [
+        Scenario(
+            f"reshard_{a}_to_{b}",
+            "reshard",
+            a,
+            b,
+            f"saved at step {n} on {a} rank(s), loaded on {b}: every key bit-identical",
+        )
+        for a in sizes
+        for b in sizes
+        if a != b
+    ]
+    if shape["checkpointing"] == "app":
+        if local and not shape["reshards"]:
             raise PlanError(
-                f"--rank-local {local[0]}: an app that saves itself is never resharded by the "
-                "tool, so nothing is left out of a load; drop --rank-local"
+                f"--rank-local {local[0]}: this app saves itself and does not declare "
+                "reshards = True, so it is never loaded at another world size and nothing is "
+                "left out of a load; drop --rank-local"
             )
+        if shape["reshards"]:
+            scenarios += [
+                replace(
+                    s,
+                    summary=f"saved at step {n} on {s.source_world_size} rank(s) by the app's "
+                    f"save(), loaded on {s.target_world_size} by its load(): every key "
+                    "bit-identical",
+                )
+                for s in reshards
+            ]
+        if shape["saves_async"]:
+            scenarios += [_own_async(w, n) for w in sizes]
         if 2 in sizes:
             scenarios.append(ELASTIC_SCENARIO)
         # At the largest world size, where a save writes the most to cut short.
@@ -509,39 +626,24 @@ def fixture_plan(
             )
         )
         for i, scenario in enumerate(scenarios):
-            summary = scenario.summary
             if scenario.family == "resume":
-                summary = (
-                    f"{n}+{k} steps on {scenario.source_world_size} rank(s); fresh ranks load "
-                    f"step {n} with the app's own load() and match the last {k}"
+                scenarios[i] = replace(
+                    scenario,
+                    summary=f"{n}+{k} steps on {scenario.source_world_size} rank(s); fresh ranks "
+                    f"load step {n} with the app's own load() and match the last {k}",
                 )
-            scenarios[i] = replace(
-                scenario, summary=summary, checkpointing="app", compares_state=compares_state
-            )
         return Plan(
             "fixture",
             fixture,
             sizes,
             n,
             k,
-            tuple(scenarios),
+            _checkpointed_by_app(scenarios, shape),
             arguments,
             local,
-            checkpointing="app",
-            compares_state=compares_state,
+            **_plan_fields(shape),
         )
-    scenarios += [
-        Scenario(
-            f"reshard_{a}_to_{b}",
-            "reshard",
-            a,
-            b,
-            f"saved at step {n} on {a} rank(s), loaded on {b}: every key bit-identical",
-        )
-        for a in sizes
-        for b in sizes
-        if a != b
-    ]
+    scenarios += reshards
     scenarios += [
         Scenario(
             f"async_resume_{w}",
@@ -581,12 +683,57 @@ def fixture_plan(
     return Plan("fixture", fixture, sizes, n, k, tuple(scenarios), arguments, local)
 
 
-def _check_checkpointing(checkpointing: Any, compares_state: Any) -> None:
-    if checkpointing not in CHECKPOINTINGS:
-        raise PlanError(f"checkpointing {checkpointing!r}: give one of {list(CHECKPOINTINGS)}")
-    if compares_state is not True and (compares_state is not False or checkpointing == "dcp"):
+def _own_async(w: int, n: int, where: str = "") -> Scenario:
+    return Scenario(
+        f"async_resume_{w}",
+        "async_resume",
+        w,
+        w,
+        f"{where}the app's save() at step {n} returns a future; step {n + 1} runs before the "
+        f"tool waits for it, and the checkpoint holds step {n}",
+        async_mode="app",
+    )
+
+
+def _checkpointed_by_app(scenarios: Sequence[Scenario], shape: AppShape) -> tuple[Scenario, ...]:
+    return tuple(
+        replace(s, checkpointing="app", compares_state=shape["has_state"]) for s in scenarios
+    )
+
+
+def _plan_fields(shape: AppShape) -> dict[str, Any]:
+    return {
+        "checkpointing": shape["checkpointing"],
+        "compares_state": shape["has_state"],
+        "reshards": shape["reshards"],
+        "saves_async": shape["saves_async"],
+    }
+
+
+def _check_shape(shape: Any) -> None:
+    """``shape`` is an :class:`AppShape`: a DCP app's declarations are never read, and an app
+    that declares it reshards has a state_dict() to compare (a reshard's steps are not compared
+    with the run at the source's world size, so without one nothing would be checked)."""
+    if not isinstance(shape, dict) or set(shape) != set(AppShape.__annotations__):
         raise PlanError(
-            f"compares_state {compares_state!r}: only an app that saves itself may have no state"
+            f"app shape {shape!r}: expected the keys {sorted(AppShape.__annotations__)}"
+        )
+    if shape["checkpointing"] not in CHECKPOINTINGS:
+        raise PlanError(
+            f"checkpointing {shape['checkpointing']!r}: give one of {list(CHECKPOINTINGS)}"
+        )
+    for key in ("has_state", "reshards", "saves_async"):
+        if not isinstance(shape[key], bool):
+            raise PlanError(f"{key} {shape[key]!r}: expected true or false")
+    if shape["checkpointing"] == "dcp" and shape != DCP_SHAPE:
+        raise PlanError(
+            "an app checkpointed through DCP has a state_dict() and declares nothing: only an "
+            "app that saves itself may have no state, reshard or save asynchronously"
+        )
+    if shape["reshards"] and not shape["has_state"]:
+        raise PlanError(
+            "the app declares reshards = True but has no state_dict(): what its load() restores "
+            "at another world size can only be checked key by key; give it a state_dict()"
         )
 
 
@@ -615,9 +762,9 @@ def plan_from_record(record: Any) -> Plan:
     }
     if not isinstance(record, dict) or set(record) - set(OWN_CHECKPOINTING) != keys:
         raise PlanError(
-            f"plan: expected exactly the keys {sorted(keys)} (and checkpointing, compares_state)"
+            f"plan: expected exactly the keys {sorted(keys)} (and {', '.join(OWN_CHECKPOINTING)})"
         )
-    checkpointing, compares_state = _own_checkpointing(record)
+    shape = _recorded_shape(record)
     if record["kind"] != "fixture":
         raise PlanError(f"plan: kind {record['kind']!r}, expected 'fixture'")
     sizes = record["world_sizes"]
@@ -635,8 +782,7 @@ def plan_from_record(record: Any) -> Plan:
         record["steps_after"],
         record["fixture_args"],
         local,
-        checkpointing,
-        compares_state,
+        shape,
     )
     if record["scenarios"] != list(derived.names):
         raise PlanError(
@@ -646,16 +792,28 @@ def plan_from_record(record: Any) -> Plan:
     return derived
 
 
-# A recorded plan's keys for an app that saves itself, and their values then: absent for a DCP
-# run (Plan.to_record writes them only when they say something).
-OWN_CHECKPOINTING: dict[str, Any] = {"checkpointing": "app", "compares_state": False}
+# A recorded plan's keys for an app that saves itself (Plan's fields), and their values then:
+# absent for a DCP run (Plan.to_record writes them only when they say something).
+OWN_CHECKPOINTING: dict[str, Any] = {
+    "checkpointing": "app",
+    "compares_state": False,
+    "reshards": True,
+    "saves_async": True,
+}
 
 
-def _own_checkpointing(record: dict[str, Any]) -> tuple[Checkpointing, bool]:
+def _recorded_shape(record: dict[str, Any]) -> AppShape:
     for key, value in OWN_CHECKPOINTING.items():
         if key in record and (type(record[key]) is not type(value) or record[key] != value):
             raise PlanError(f"plan: {key} {record[key]!r}, expected {value!r} or no key")
-    return record.get("checkpointing", "dcp"), record.get("compares_state", True)
+    shape: AppShape = {
+        "checkpointing": record.get("checkpointing", "dcp"),
+        "has_state": record.get("compares_state", True),
+        "reshards": record.get("reshards", False),
+        "saves_async": record.get("saves_async", False),
+    }
+    _check_shape(shape)
+    return shape
 
 
 def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
@@ -672,9 +830,9 @@ def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
     }
     if set(record) - set(OWN_CHECKPOINTING) != keys:
         raise PlanError(
-            f"plan: expected exactly the keys {sorted(keys)} (and checkpointing, compares_state)"
+            f"plan: expected exactly the keys {sorted(keys)} (and {', '.join(OWN_CHECKPOINTING)})"
         )
-    checkpointing, compares_state = _own_checkpointing(record)
+    shape = _recorded_shape(record)
     launch = record["launch"]
     if not isinstance(launch, dict) or set(launch) != {
         "backend",
@@ -695,8 +853,7 @@ def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
         record["steps_before"],
         record["steps_after"],
         record["fixture_args"],
-        checkpointing,
-        compares_state,
+        shape,
     )
     for key, value in (
         ("scenarios", list(derived.names)),

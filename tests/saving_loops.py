@@ -9,6 +9,8 @@ with ``torch.load(weights_only=True)``. Workers import this module by name
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -114,6 +116,91 @@ class SavesOnly(Correct):
         torch.save(self.model.state_dict(), os.path.join(checkpoint_dir, "model.pt"))
 
 
+class Reshards(SavesItself):
+    """Declares that its load() takes a save made at another world size, and keeps that
+    promise: its state is the same on every rank, so rank 0 writes it once and every rank
+    reads that one file."""
+
+    reshards = True
+
+    def path(self, checkpoint_dir: str) -> str:
+        return os.path.join(checkpoint_dir, "state.pt")
+
+    def save(self, checkpoint_dir: str) -> None:
+        if self.rank == 0:
+            super().save(checkpoint_dir)
+
+
+class ReshardsPerRank(SavesItself):
+    """Declares that it reshards, yet each rank reads the file its own rank wrote: at a larger
+    world size the new ranks find none."""
+
+    reshards = True
+
+
+class SavesAsync(SavesItself):
+    """Saves in the background, as an async checkpointer does: save() copies the state, starts
+    a thread that writes the copy, and returns the write's future."""
+
+    saves_async = True
+
+    def save(self, checkpoint_dir: str) -> Future[None]:  # type: ignore[override]
+        state = _cloned(self.whole_state())
+        done: Future[None] = Future()
+
+        def write() -> None:
+            try:
+                torch.save(state, self.path(checkpoint_dir))
+            except BaseException as exc:  # handed to whoever waits, as an executor does
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        threading.Thread(target=write, daemon=True).start()
+        return done
+
+    def whole_state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optim": self.optimizer.state_dict(),
+            **self.loop_state(),
+        }
+
+
+class WritesWhenWaitedFor(SavesAsync):
+    """Returns a future that reads the state only when it is waited for: the live tensors,
+    which the step after the save has changed by then."""
+
+    def save(self, checkpoint_dir: str) -> Future[None]:  # type: ignore[override]
+        app = self
+
+        class Late(Future[None]):
+            def result(self, timeout: float | None = None) -> None:
+                torch.save(app.whole_state(), app.path(checkpoint_dir))
+
+        return Late()
+
+
+class SavesAsyncSchedulerNotRestored(SavesAsync, SchedulerNotRestored):
+    """Saves in the background and never restores its scheduler."""
+
+
+class UndeclaredFuture(SavesAsync):
+    """Returns its write's future without declaring saves_async."""
+
+    saves_async = False
+
+
+def _cloned(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        return {k: _cloned(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_cloned(v) for v in state]
+    return state
+
+
 # -- entry points ----------------------------------------------------------------------------------
 
 
@@ -151,3 +238,27 @@ def writes_a_directory(rank: int, world_size: int) -> SavesItself:
 
 def saves_only(rank: int, world_size: int) -> SavesOnly:
     return SavesOnly(rank, world_size)
+
+
+def reshards(rank: int, world_size: int) -> SavesItself:
+    return Reshards(rank, world_size)
+
+
+def reshards_per_rank(rank: int, world_size: int) -> SavesItself:
+    return ReshardsPerRank(rank, world_size)
+
+
+def saves_async(rank: int, world_size: int) -> SavesItself:
+    return SavesAsync(rank, world_size)
+
+
+def writes_when_waited_for(rank: int, world_size: int) -> SavesItself:
+    return WritesWhenWaitedFor(rank, world_size)
+
+
+def undeclared_future(rank: int, world_size: int) -> SavesItself:
+    return UndeclaredFuture(rank, world_size)
+
+
+def saves_async_scheduler_not_restored(rank: int, world_size: int) -> SavesItself:
+    return SavesAsyncSchedulerNotRestored(rank, world_size)

@@ -18,7 +18,8 @@ def test_driver_shape_and_rule_registries_cover_exactly_the_planned_families() -
     assert set(DRIVERS) == families
     assert set(FAMILIES) == families
     dcp = plan.fixture_plan("m:f", (1, 2))
-    fixture_families = {s.family for p in (dcp, dcp.checkpointed_by("app")) for s in p.scenarios}
+    own = dcp.checkpointed_by(plan.own_shape())
+    fixture_families = {s.family for p in (dcp, own) for s in p.scenarios}
     assert {s.family for s in plan.SCENARIOS} | fixture_families == families
 
 
@@ -87,11 +88,11 @@ def test_a_fixture_plan_derives_resumes_reshards_and_the_restart() -> None:
 
 
 def test_an_app_that_saves_itself_is_resumed_at_each_world_size_and_across_the_restart() -> None:
-    """What the app's framework writes is its own: the tool neither reshards it nor makes its
-    save asynchronous. The record names the checkpointing only then, so a DCP run's evidence
-    reads as before."""
+    """What the app's framework writes is its own: unless it declares more, the tool neither
+    reshards it nor makes its save asynchronous. The record names the checkpointing only then,
+    so a DCP run's evidence reads as before."""
     dcp = plan.fixture_plan("m:f", (1, 2, 4), 5, 2)
-    own = dcp.checkpointed_by("app")
+    own = dcp.checkpointed_by(plan.own_shape())
     assert own.names == (
         "resume_1",
         "resume_2",
@@ -103,11 +104,12 @@ def test_an_app_that_saves_itself_is_resumed_at_each_world_size_and_across_the_r
         "5+2 steps on 2 rank(s); fresh ranks load step 5 with the app's own load() and match "
         "the last 2"
     )
-    assert own.checkpointed_by("dcp") == dcp and dcp.checkpointed_by("dcp") is dcp
+    assert own.checkpointed_by(plan.DCP_SHAPE) == dcp and dcp.checkpointed_by(plan.DCP_SHAPE) is dcp
     assert "checkpointing" not in dcp.to_record()
     assert own.to_record()["checkpointing"] == "app"
+    assert not {"reshards", "saves_async", "compares_state"} & set(own.to_record())
     assert plan.plan_from_record(own.to_record()) == own
-    assert plan.fixture_plan("m:f", (1, 4), checkpointing="app").names == (
+    assert plan.fixture_plan("m:f", (1, 4), shape=plan.own_shape()).names == (
         "resume_1",
         "resume_4",
         "half_written_4",
@@ -115,35 +117,105 @@ def test_an_app_that_saves_itself_is_resumed_at_each_world_size_and_across_the_r
     assert dcp.notes == ()
     assert own.notes == (
         "m:f's app has its own save() and load(): the tool ran them instead of DCP, at each "
-        "world size and across torchrun's restart, and checked no reshard and no async save",
+        "world size and across torchrun's restart; no reshard checked: set reshards = True on "
+        "the app if its load() restores a save made at another world size; no async save "
+        "checked: set saves_async = True on the app if its save() returns a future that "
+        "completes with the write",
     )
 
 
+def test_an_app_that_declares_it_reshards_and_saves_async_gets_those_scenarios() -> None:
+    """Each declaration adds the scenarios that check it, recorded so that the verifier derives
+    the same plan; the note says what was declared."""
+    both = plan.fixture_plan(
+        "m:f", (1, 2), 3, 2, shape=plan.own_shape(reshards=True, saves_async=True)
+    )
+    assert both.names == (
+        "resume_1",
+        "resume_2",
+        "reshard_1_to_2",
+        "reshard_2_to_1",
+        "async_resume_1",
+        "async_resume_2",
+        "elastic_restart_2_to_2",
+        "half_written_2",
+    )
+    assert {s.checkpointing for s in both.scenarios} == {"app"}
+    assert both.scenario("async_resume_2").async_mode == "app"
+    assert both.scenario("reshard_1_to_2").summary == (
+        "saved at step 3 on 1 rank(s) by the app's save(), loaded on 2 by its load(): every key "
+        "bit-identical"
+    )
+    record = both.to_record()
+    assert (record["reshards"], record["saves_async"]) == (True, True)
+    assert plan.plan_from_record(record) == both
+    assert both.notes[0].endswith(
+        "; resharded between world sizes, as it declares (reshards = True); its save() left "
+        "running through the next step, as it declares (saves_async = True)"
+    )
+    only_async = plan.fixture_plan("m:f", (2,), shape=plan.own_shape(saves_async=True))
+    assert only_async.names == (
+        "resume_2",
+        "async_resume_2",
+        "elastic_restart_2_to_2",
+        "half_written_2",
+    )
+    # Rank-local components mean something once the app is loaded at another world size.
+    local = plan.fixture_plan(
+        "m:f", (1, 2), rank_local=["data"], shape=plan.own_shape(reshards=True)
+    )
+    assert local.rank_local == ("data",)
+    with pytest.raises(errors.PlanError, match="declares reshards = True but has no state_dict"):
+        plan.fixture_plan("m:f", (1, 2), shape=plan.own_shape(has_state=False, reshards=True))
+
+
+@pytest.mark.parametrize("key", ["checkpointing", "compares_state", "reshards", "saves_async"])
+def test_a_recorded_declaration_other_than_its_one_value_is_refused(key: str) -> None:
+    record = plan.fixture_plan("m:f", (1, 2)).to_record()
+    record[key] = {"checkpointing": "dcp", "compares_state": True}.get(key, False)
+    with pytest.raises(errors.PlanError, match=f"plan: {key} .*, expected .* or no key"):
+        plan.plan_from_record(record)
+
+
 def test_an_app_without_state_is_judged_by_its_losses_and_says_so() -> None:
-    losses_only = plan.fixture_plan("m:f", (1, 2)).checkpointed_by("app", compares_state=False)
+    losses_only = plan.fixture_plan("m:f", (1, 2)).checkpointed_by(plan.own_shape(has_state=False))
     assert losses_only.names == ("resume_1", "resume_2", "elastic_restart_2_to_2", "half_written_2")
     assert losses_only.to_record()["compares_state"] is False
     assert plan.plan_from_record(losses_only.to_record()) == losses_only
     assert losses_only.notes[-1].startswith("m:f's app has no state_dict(): each resume is judged")
     with pytest.raises(errors.PlanError, match="only an app that saves itself may have no state"):
-        plan.fixture_plan("m:f", (1,), compares_state=False)
+        plan.fixture_plan("m:f", (1,), shape={**plan.DCP_SHAPE, "has_state": False})
 
 
-def test_an_app_that_saves_itself_in_a_job_resumes_through_torchruns_restart_only() -> None:
+def test_an_app_that_saves_itself_in_a_job_resumes_through_torchruns_restart() -> None:
     launch = plan.Launch(2, 2, "gloo")
     dcp = plan.in_job_plan("m:f", launch)
-    own = dcp.checkpointed_by("app", compares_state=False)
+    own = dcp.checkpointed_by(plan.own_shape(has_state=False))
     assert own.kind == "in_job" and own.names == ("resume_4",)
     assert own.to_record()["checkpointing"] == "app"
     assert plan.plan_from_record(own.to_record()) == own
     second = plan.in_job_plan("m:f", plan.Launch(1, 4, "gloo", resumed_from=2))
-    with pytest.raises(errors.PlanError, match="--resume-from: an app that saves itself is not"):
-        second.checkpointed_by("app")
+    with pytest.raises(errors.PlanError, match="--resume-from: this app saves itself and does not"):
+        second.checkpointed_by(plan.own_shape())
+    declared = dcp.checkpointed_by(plan.own_shape(saves_async=True))
+    assert declared.names == ("resume_4", "async_resume_4")
+    assert declared.scenario("async_resume_4").async_mode == "app"
+    resharded = second.checkpointed_by(plan.own_shape(reshards=True))
+    assert resharded.names == ("reshard_2_to_4",)
+    assert resharded.scenario("reshard_2_to_4").checkpointing == "app"
+    assert plan.plan_from_record(resharded.to_record()) == resharded
 
 
-def test_rank_local_components_of_an_app_that_saves_itself_are_refused() -> None:
-    with pytest.raises(errors.PlanError, match=r"--rank-local data: an app that saves itself"):
-        plan.fixture_plan("m:f", (1, 2), rank_local=["data"]).checkpointed_by("app")
+def test_rank_local_components_of_an_app_that_does_not_reshard_are_refused() -> None:
+    with pytest.raises(errors.PlanError, match=r"--rank-local data: this app saves itself"):
+        plan.fixture_plan("m:f", (1, 2), rank_local=["data"]).checkpointed_by(plan.own_shape())
+
+
+def test_the_shapes_of_two_apps_are_told_apart_in_words() -> None:
+    assert plan.described(plan.DCP_SHAPE) == "saved by the tool through DCP"
+    assert plan.described(plan.own_shape(has_state=False, saves_async=True)) == (
+        "saving itself, with no state_dict(), reshards = False, saves_async = True"
+    )
 
 
 @pytest.mark.parametrize(
@@ -199,6 +271,7 @@ def test_fixture_arguments_and_rank_local_components_are_recorded_and_read_back(
         (lambda r: r.update(fixture_args={"rank": 0}), "passes rank and world_size itself"),
         (lambda r: r.update(checkpointing="dcp"), "checkpointing 'dcp', expected 'app' or no"),
         (lambda r: r.update(checkpointing="app"), "are not the ones its parameters give"),
+        (lambda r: r.update(checkpointing="app", reshards=True), "are not the ones its param"),
         (lambda r: r.update(compares_state=True), "compares_state True, expected False or no"),
         (lambda r: r.update(compares_state=False), "only an app that saves itself may have no"),
     ],

@@ -62,8 +62,12 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 _changed: dict[str, str | None] = {}
 
 
-def app(build: Callable[[Callable[..., Any]], Built]) -> AccelerateApp:
-    """The loop ``build`` makes, as an app that checkpoints through Accelerate."""
+def app(build: Callable[[Callable[..., Any]], Built], *, reshards: bool = False) -> AccelerateApp:
+    """The loop ``build`` makes, as an app that checkpoints through Accelerate.
+
+    ``reshards``: declare that its checkpoint loads at another world size, so that the tool
+    checks ``reshard_<a>_to_<b>`` too.
+    """
     accelerate = framework("accelerate", "accelerate", "accelerate")
     accelerator, step = build(lambda **kwargs: _accelerator(accelerate, kwargs))
     if not isinstance(accelerator, accelerate.Accelerator):
@@ -72,15 +76,16 @@ def app(build: Callable[[Callable[..., Any]], Built]) -> AccelerateApp:
             f"{type(accelerator).__name__} where the Accelerator goes: return "
             "(make_accelerator(...), step)"
         )
-    return AccelerateApp(accelerator, step)
+    return AccelerateApp(accelerator, step, reshards)
 
 
 class AccelerateApp:
     """An Accelerate loop with ``step``, ``save``, ``load`` and a ``state_dict`` to compare."""
 
-    def __init__(self, accelerator: Any, step: Callable[[], float]) -> None:
+    def __init__(self, accelerator: Any, step: Callable[[], float], reshards: bool = False) -> None:
         self.accelerator = accelerator
         self._step = step
+        self.reshards = reshards  # what the app declares (dcp_invariant.plan.AppShape)
 
     def step(self) -> float:
         return self._step()

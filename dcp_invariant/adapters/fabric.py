@@ -56,11 +56,17 @@ def app(
     *,
     save: Checkpointer | None = None,
     load: Checkpointer | None = None,
+    reshards: bool = False,
 ) -> FabricApp:
-    """The loop ``build`` makes, as an app that checkpoints through Fabric."""
+    """The loop ``build`` makes, as an app that checkpoints through Fabric.
+
+    ``reshards``: declare that its checkpoint loads at another world size (a sharded checkpoint
+    of ModelParallelStrategy or FSDPStrategy is DCP's, which reshards), so that the tool checks
+    ``reshard_<a>_to_<b>`` too.
+    """
     lightning = framework("lightning.fabric", "lightning", "fabric")
     fabric, state, step = build(lambda **kwargs: _launched(lightning, kwargs))
-    return FabricApp(fabric, state, step, save, load)
+    return FabricApp(fabric, state, step, save, load, reshards)
 
 
 class FabricApp:
@@ -73,9 +79,11 @@ class FabricApp:
         step: Callable[[], float],
         save: Checkpointer | None,
         load: Checkpointer | None,
+        reshards: bool = False,
     ) -> None:
         self.fabric = fabric
         self.state = state
+        self.reshards = reshards  # what the app declares (dcp_invariant.plan.AppShape)
         self._step = step
         self._save = save or (lambda f, path, s: f.save(path, s))
         self._load = load or (lambda f, path, s: f.load(path, s))

@@ -252,17 +252,24 @@ RANKED_CAUSES = (
 
 
 def changed_during_save(
-    where: str, saved: Keys, after_save: Keys, loaded: Keys, steps_before: int
+    where: str, saved: Keys, after_save: Keys, loaded: Keys, steps_before: int, by_app: bool
 ) -> list[str]:
-    """Keys an async checkpoint holds as they were after the overlapping step, not at the save."""
+    """Keys an async checkpoint holds as they were after the overlapping step, not at the save;
+    ``by_app``: the async save was the app's own."""
     keys = sorted(k for k in loaded if saved.get(k) != loaded[k] and after_save.get(k) == loaded[k])
     if not keys:
         return []
+    how = (
+        "the app's save() returned before it had copied them, and its write read them later: "
+        "copy (stage) the state before save() returns, as dcp.async_save does"
+        if by_app
+        else "a state_dict() that returns live references, or a stager that copies late; the "
+        "next step had started before the write"
+    )
     return [
         f"{CHANGED_DURING_SAVE}: {where}: {named(keys)} hold the state after step "
         f"{steps_before + 1}, which ran during the write, not the state at the save: the write "
-        "read tensors the training loop went on changing (a state_dict() that returns live "
-        "references, or a stager that copies late); the next step had started before the write"
+        f"read tensors the training loop went on changing ({how})"
     ]
 
 

@@ -32,28 +32,84 @@ class AppLoadFailed(Error, RuntimeError):
         self.error = error
 
 
-def expect(app: Anchored, planned: plan.Checkpointing) -> None:
-    """The app built here checkpoints as the plan says (the probe saw it so at world size 1)."""
-    if app.checkpointing != planned:
-        has = "its own save() and load()" if app.checkpointing == "app" else "no save()/load()"
+def expect(app: Anchored, planned: plan.AppShape) -> None:
+    """The app built here is of the shape the plan has (the probe saw it so at world size 1):
+    a rank whose app differs would be checked the wrong way, or vacuously."""
+    found = app.shape
+    if found["checkpointing"] != planned["checkpointing"]:
+        own = "its own save() and load()" if app.checkpointing == "app" else "no save()/load()"
         broken_interface(
-            f"the plan has the {_WHO[planned]} save and load, but the app built on this rank has "
-            f"{has}: build the same kind of app on every rank and at every world size"
+            f"the plan has the {_WHO[planned['checkpointing']]} save and load, but the app built "
+            f"on this rank has {own}: build the same kind of app on every rank and at every "
+            "world size"
         )
+    parts: tuple[tuple[str, bool, bool], ...] = (
+        ("a state_dict()", found["has_state"], planned["has_state"]),
+        ("reshards = True", found["reshards"], planned["reshards"]),
+        ("saves_async = True", found["saves_async"], planned["saves_async"]),
+    )
+    for what, found_it, wanted in parts:
+        if found_it != wanted:
+            broken_interface(
+                f"the app built on this rank {'has' if found_it else 'lacks'} {what}, unlike the one "
+                "the plan was made for: build the same kind of app on every rank and at every "
+                "world size"
+            )
 
 
 _WHO: dict[plan.Checkpointing, str] = {"dcp": "tool (through DCP)", "app": "app itself"}
 
 
+class AppSaveFailed(Error, RuntimeError):
+    """The future of an app's async save raised: its write failed."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
 def save(app: Anchored, checkpoint: str, writer: Any = None) -> None:
-    """Write ``app``'s checkpoint into ``checkpoint`` (relative to the scenario's workspace)."""
+    """Write ``app``'s checkpoint into ``checkpoint`` (relative to the scenario's workspace),
+    finished when this returns: an app's async save is waited for here."""
     if app.checkpointing == "app":
-        # The directory is there before the app is called, as a framework expects of a path it
-        # is given to save into (fabric.save and accelerator.save_state both create it).
-        Path(checkpoint).mkdir(parents=True, exist_ok=True)
-        app.save(checkpoint)
+        finish(start(app, checkpoint))
         return
     dcp_save({"app": app}, storage_writer=writer or FileSystemWriter(checkpoint))
+
+
+def start(app: Anchored, checkpoint: str) -> Any:
+    """Call an app's own save into ``checkpoint``: its future where it declares saves_async,
+    else None once the save is done."""
+    # The directory is there before the app is called, as a framework expects of a path it is
+    # given to save into (fabric.save and accelerator.save_state both create it).
+    Path(checkpoint).mkdir(parents=True, exist_ok=True)
+    returned = app.save(checkpoint)
+    waitable = callable(getattr(returned, "result", None))
+    if app.saves_async and not waitable:
+        broken_interface(
+            f"the app declares saves_async = True, but its save() returned a "
+            f"{type(returned).__name__}: return the save's future (an object with result(), as "
+            "dcp.async_save's), so the tool knows when the write is done"
+        )
+    if not app.saves_async and waitable:
+        # Sealed now, the directory may still be being written: a checkpoint the tool would
+        # call whole that is not.
+        broken_interface(
+            f"the app's save() returned a {type(returned).__name__} with result(), as an async "
+            "save does: set saves_async = True on the app so the tool waits for it (and checks "
+            "the next step running beside it), or wait for it inside save()"
+        )
+    return returned if app.saves_async else None
+
+
+def finish(pending: Any) -> None:
+    """Wait for what :func:`start` returned: :class:`AppSaveFailed` if the write failed."""
+    if pending is None:
+        return
+    try:
+        pending.result()
+    except Exception as exc:  # the framework's write failed: the caller records or raises it
+        raise AppSaveFailed(exc) from exc
 
 
 def loader(app: Anchored, state: Any = None) -> Loader:

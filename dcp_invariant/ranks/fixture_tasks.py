@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict_saver import (
     async_save,
 )
 
-from dcp_invariant.plan import Checkpointing
+from dcp_invariant.plan import AppShape
 from dcp_invariant.ranks import checkpointing, state_keys
 from dcp_invariant.ranks.tasks import load_through_pointer
 from dcp_invariant.suite.fixture import (
@@ -62,8 +62,7 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
     code propagates, so its traceback reaches the log.
     """
     spec = payload["fixture"]
-    shape: Checkpointing | None = None  # who checkpoints the app, once it is built
-    has_state: bool | None = None
+    shape: AppShape | None = None  # who checkpoints the app, once it is built
 
     def probed(
         phase: ProbePhase, problem: str | None = None, threads: list[str] | None = None
@@ -73,8 +72,7 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
             "problem": problem,
             "phase": phase,
             "threads": threads or [],
-            "checkpointing": shape,
-            "has_state": has_state,
+            "shape": shape,
         }
         report(dict(record))
 
@@ -86,16 +84,16 @@ def fixture_probe(rank: int, world_size: int, payload: FixtureProbe, report: Rep
     try:
         entering("build")
         app = build_app(spec, rank, world_size, payload["fixture_args"])
-        shape, has_state = app.checkpointing, app.has_state
+        shape = app.shape
         entering("state_dict")
         if app.has_state:
             _rank_local_present(spec, app.state_dict(), payload["rank_local"])
-            _probe_state(spec, app.state_dict(), through_dcp=shape == "dcp")
+            _probe_state(spec, app.state_dict(), through_dcp=app.checkpointing == "dcp")
         entering("step")
         checked_loss(spec, app.step())
         entering("state_dict_after_step")
         if app.has_state:
-            _probe_state(spec, app.state_dict(), through_dcp=shape == "dcp")
+            _probe_state(spec, app.state_dict(), through_dcp=app.checkpointing == "dcp")
     except (FixtureError, state_keys.StateKeyError) as exc:
         probed("done", problem=str(exc))
         return
@@ -168,7 +166,7 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
     spec = payload["fixture"]
     n = payload["steps_before"]
     app = build_app(spec, rank, world_size, payload["fixture_args"])
-    checkpointing.expect(app, payload["checkpointing"])
+    checkpointing.expect(app, payload["shape"])
     record: dict[str, Any] = {"losses_before": [], "rank": rank, "saved": None, "steps": []}
     for step in range(1, n + 1):
         loss = _loss(spec, app)
@@ -180,6 +178,9 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
     if mode is None:
         checkpointing.save(app, payload["checkpoint"])
         record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
+    elif mode == "app":
+        record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
+        record["async"] = _own_save_while_stepping(spec, app, payload, record, rank)
     else:
         # The state at the save is what the checkpoint must hold, whatever comes after.
         record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
@@ -324,11 +325,32 @@ def _save_while_stepping(
     return {"pending_during_step": pending, "staged_first": staged_first, "upload_error": error}
 
 
+def _own_save_while_stepping(
+    spec: str, app: Anchored, payload: FixtureTrain, record: dict[str, Any], rank: int
+) -> dict[str, Any]:
+    """The app's own async save: its save() returns, step N+1 runs, then its future is waited
+    for. Whether the write was still running during the step is the app's timing, not the
+    tool's (it cannot hold a framework's writer back as it does DCP's), so it is not recorded:
+    two runs would differ."""
+    pending = checkpointing.start(app, payload["checkpoint"])
+    loss = _loss(spec, app).hex()  # a non-finite one is recorded; the caller stops after it
+    keys = _observe(spec, app, payload["snapshots"], rank, "step-1")
+    error = None
+    try:
+        checkpointing.finish(pending)
+    except checkpointing.AppSaveFailed as exc:
+        # One line for the log: the type is the evidence (the message may hold paths).
+        print(f"the app's async save failed: {exc}", flush=True)
+        error = type(exc.error).__name__
+    record["steps"].append({"keys": keys, "loss": loss})
+    return {"pending_during_step": None, "staged_first": False, "upload_error": error}
+
+
 def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: Reporter) -> None:
     """Load through the pointer into a fresh app, compare with the reference, take K steps."""
     spec = payload["fixture"]
     app = build_app(spec, rank, world_size, payload["fixture_args"])
-    checkpointing.expect(app, payload["checkpointing"])
+    checkpointing.expect(app, payload["shape"])
     left_out = payload["rank_local"]
     loadable = _WithoutComponents(app, left_out) if left_out else None
     record = load_through_pointer(
@@ -362,7 +384,7 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
 def fixture_load_cut(rank: int, world_size: int, payload: FixtureLoadCut, report: Reporter) -> None:
     """Point a fresh app's own load() at a checkpoint cut short: does it refuse it?"""
     app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
-    checkpointing.expect(app, payload["checkpointing"])
+    checkpointing.expect(app, payload["shape"])
     record: dict[str, Any] = {"rank": rank, "loaded": False, "exception": None}
     try:
         checkpointing.loader(app)(payload["directory"])

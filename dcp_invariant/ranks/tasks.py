@@ -68,7 +68,7 @@ def runtime_versions(
 def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Reporter) -> None:
     """Train, save at each planned step, then (optionally) take the uninterrupted next step."""
     app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
-    checkpointing.expect(app, payload["checkpointing"])
+    checkpointing.expect(app, payload["shape"])
     record: dict[str, Any] = {"rank": rank, "saves": [], "next": None}
     steps = 0
     for save in payload["saves"]:
@@ -90,7 +90,7 @@ def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Re
 def load_and_step(rank: int, world_size: int, payload: LoadAndStep, report: Reporter) -> None:
     """Load through the pointer into a fresh app; record what loaded and the next step."""
     app = build_app(payload["fixture"], rank, world_size, payload["fixture_args"])
-    checkpointing.expect(app, payload["checkpointing"])
+    checkpointing.expect(app, payload["shape"])
     record = load_through_pointer(payload["store"], checkpointing.loader(app), rank)
     record["loaded"] = None
     record["next"] = None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
 from dcp_invariant.errors import Error
-from dcp_invariant.plan import Checkpointing
+from dcp_invariant.plan import DCP_SHAPE, DECLARATIONS, AppShape, Checkpointing, own_shape
 
 
 @runtime_checkable
@@ -211,7 +211,8 @@ class Anchored:
     send DCP's reads and writes into its own directory.
 
     ``checkpointing`` says who saves: ``"app"`` when the app has its own ``save`` and ``load``
-    (then ``state_dict()`` is optional: ``has_state``), else ``"dcp"``.
+    (then ``state_dict()`` is optional: ``has_state``, and it may declare ``reshards`` and
+    ``saves_async``: :class:`dcp_invariant.plan.AppShape`), else ``"dcp"``.
     """
 
     def __init__(self, app: Any, home: str) -> None:
@@ -219,10 +220,24 @@ class Anchored:
         self._home = home
         self.checkpointing: Checkpointing = "app" if _saves_itself(app) else "dcp"
         self.has_state = callable(getattr(app, "state_dict", None))
+        own = self.checkpointing == "app"
+        # A DCP app's attributes of these names are its own business: the tool reshards it and
+        # saves it asynchronously itself.
+        self.reshards: bool = own and getattr(app, "reshards", False) is True
+        self.saves_async: bool = own and getattr(app, "saves_async", False) is True
 
-    def save(self, checkpoint_dir: str) -> None:
+    @property
+    def shape(self) -> AppShape:
+        if self.checkpointing == "dcp":
+            return DCP_SHAPE.copy()
+        return own_shape(
+            has_state=self.has_state, reshards=self.reshards, saves_async=self.saves_async
+        )
+
+    def save(self, checkpoint_dir: str) -> Any:
+        """The app's save; what it returned (a future, for an app that saves asynchronously)."""
         try:
-            self.app.save(checkpoint_dir)
+            return self.app.save(checkpoint_dir)
         finally:
             os.chdir(self._home)
 
@@ -289,6 +304,14 @@ def check_shape(spec: str, app: Any) -> None:
             f"fixture {spec!r} returned a {kind} with {has}() but no {lacks}(): an app that "
             f"saves itself needs both save(checkpoint_dir) and load(checkpoint_dir)"
         )
+    if _saves_itself(app):
+        for name, meaning in DECLARATIONS.items():
+            value = getattr(app, name, False)
+            if not isinstance(value, bool):
+                raise FixtureError(
+                    f"fixture {spec!r} returned a {kind} whose {name} is {value!r}: set it to "
+                    f"True if {meaning}, else False or leave it out"
+                )
     # An app that saves itself needs no state_dict(): with one, the tool compares it, and
     # nothing loads through load_state_dict().
     needed = ["step"] if _saves_itself(app) else ["state_dict", "load_state_dict", "step"]

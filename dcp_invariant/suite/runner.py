@@ -118,7 +118,7 @@ def run_suite(
                 found = _probe_fixture(pool, workspace / "fixture-probe", fixture, run_plan)
                 # The probe found who saves the app: an app with its own save() and load() has
                 # scenarios of its own (plan.fixture_plan).
-                run_plan = run_plan.checkpointed_by(*found)
+                run_plan = run_plan.checkpointed_by(found)
             names = run_plan.names if names is None else names
             # The longest scenarios first, so they overlap the rest: the torchrun job, then
             # async_save's process mode (each rank starts a checkpoint process of its own).
@@ -224,12 +224,12 @@ class FixtureTimeout(Error, RuntimeError):
 
 def _probe_fixture(
     pool: WorkerPool, workdir: Path, fixture: str, run_plan: plan.Plan
-) -> tuple[plan.Checkpointing, bool]:
+) -> plan.AppShape:
     """Build the fixture once at world size 1 and take one step, before any scenario runs; who
-    checkpoints its app, and whether it has state the tool compares.
+    checkpoints its app, whether it has state the tool compares, and what it declares.
 
     Interface problems are bad input. A fixture whose own code raises is not: the scenarios run
-    and fail, showing its traceback (then the plan's checkpointing stands). One that hangs here
+    and fail, showing its traceback (then the plan's shape stands). One that hangs here
     would hang in every scenario.
     """
     workdir.mkdir()
@@ -246,10 +246,10 @@ def _probe_fixture(
         raise FixtureTimeout(_probe_timeout(fixture, pool.timeout, record))
     if record is not None and record["problem"] is not None:
         raise FixtureProblem(record["problem"])
-    if record is None or record["checkpointing"] is None:
-        return run_plan.checkpointing, run_plan.compares_state
-    shape: plan.Checkpointing = record["checkpointing"]
-    return shape, bool(record["has_state"])
+    if record is None or record["shape"] is None:
+        return run_plan.shape
+    shape: plan.AppShape = record["shape"]
+    return shape
 
 
 # Names a probe timeout lists of the threads left running; the rest are counted.

@@ -23,12 +23,26 @@ def run(fixture: str, names: list[str], world_sizes: tuple[int, ...]) -> dict[st
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("fixture", ["ddp", "model_parallel"])
-def test_a_correct_fabric_loop_resumes_exactly_at_two_ranks(fixture: str) -> None:
-    """DDP, and FSDP2 through ModelParallelStrategy (a loop that restores what Fabric's load
-    leaves as raw state dicts): no false alarm; and fabric.load refuses its save cut short."""
+def test_a_correct_fabric_loop_under_ddp_resumes_exactly_at_two_ranks() -> None:
+    """No false alarm; and fabric.load refuses its save cut short."""
     names = ["resume_2", "half_written_2"]
-    assert run(fixture, names, (2,)) == {name: [] for name in names}
+    assert run("ddp", names, (2,)) == {name: [] for name in names}
+
+
+@pytest.mark.live
+def test_the_fsdp2_example_resumes_exactly_and_reshards_as_it_declares() -> None:
+    """FSDP2 through ModelParallelStrategy (a loop that restores what Fabric's load leaves as
+    raw state dicts): no false alarm at two ranks, fabric.load refuses its save cut short, and
+    its sharded checkpoint, saved at one rank, loads at two with every key as it was saved."""
+    import fixture_runs
+
+    names = ["resume_2", "half_written_2", "reshard_1_to_2"]
+    reasons, observed = fixture_runs.run("fabric_loops:model_parallel", names, (1, 2))
+    assert reasons == {name: [] for name in names}
+    loaded = [rank["loaded"] for rank in observed["reshard_1_to_2"]["target"]["ranks"]]
+    assert len(loaded) == 2 and all(
+        any(k.startswith("app.model.") for k in keys) for keys in loaded
+    )
 
 
 @pytest.mark.live

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from artifact_data import DATA_ARTIFACT
 
-from dcp_invariant import canonical
+from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import provenance, rules, schema
 
 FIXTURE_ARTIFACT = DATA_ARTIFACT.parent / "fixture-artifact"
@@ -65,3 +65,62 @@ def test_a_checkpoint_holding_the_state_after_the_save_names_those_keys() -> Non
     reasons = rules.derive(name, obs, run_plan=RUN_PLAN)
     during = [r for r in reasons if r.startswith("changed during the save: rank 0: ")]
     assert during and all(key in during[0] for key in moved[:8]), reasons
+
+
+# --- an app's own async save: the same observations, as the app's save() would leave them ------
+
+OWN_PLAN = RUN_PLAN.checkpointed_by(plan.own_shape(saves_async=True))
+OWN_ASYNC = [n for n in OWN_PLAN.names if n.startswith("async_")]
+
+
+def own_observation(name: str) -> dict[str, Any]:
+    """What the app's own save leaves: no overlap known (the tool cannot hold its writer back),
+    no staging."""
+    obs = observation(name)
+    obs["save_mode"] = "app"
+    for arm in ("reference", "repeat"):
+        for rank in obs[arm]["ranks"]:
+            rank["async"] = {
+                "pending_during_step": None,
+                "staged_first": False,
+                "upload_error": None,
+            }
+    return obs
+
+
+def test_the_apps_own_async_saves_are_planned_at_each_world_size() -> None:
+    assert OWN_ASYNC == ["async_resume_1", "async_resume_2"]
+    assert {OWN_PLAN.scenario(n).async_mode for n in OWN_ASYNC} == {"app"}
+
+
+@pytest.mark.parametrize("name", OWN_ASYNC)
+def test_an_apps_async_save_that_holds_the_save_passes(name: str) -> None:
+    assert rules.derive(name, own_observation(name), run_plan=OWN_PLAN) == []
+
+
+def test_an_apps_async_save_claimed_to_overlap_or_mislabelled_fails() -> None:
+    """The tool records no overlap for an app's save: a record that has one, or another mode,
+    was not made by this plan."""
+    obs = own_observation("async_resume_1")
+    obs["reference"]["ranks"][0]["async"]["pending_during_step"] = True
+    obs["save_mode"] = "thread"
+    reasons = rules.derive("async_resume_1", obs, run_plan=OWN_PLAN)
+    assert "plan: saved in thread mode, the scenario saves in app" in reasons
+    obs["save_mode"] = "app"
+    reasons = rules.derive("async_resume_1", obs, run_plan=OWN_PLAN)
+    assert reasons == [
+        "async save (reference) rank 0: an app's save is not held back, so no overlap is known"
+    ]
+
+
+def test_an_apps_future_that_raised_and_a_late_read_are_named_as_the_apps() -> None:
+    obs = own_observation("async_resume_1")
+    obs["repeat"]["ranks"][0]["async"]["upload_error"] = "OSError"
+    after = obs["reference"]["ranks"][0]["steps"][0]["keys"]
+    loaded = obs["target"]["ranks"][0]["loaded"]
+    for key in [k for k in loaded if k.startswith("app.model.")]:
+        loaded[key] = after[key]
+    reasons = rules.derive("async_resume_1", obs, run_plan=OWN_PLAN)
+    assert "async save (repeat) rank 0: the app's save() future raised: OSError" in reasons
+    during = [r for r in reasons if r.startswith("changed during the save: rank 0: ")]
+    assert len(during) == 1 and "the app's save() returned before it had copied them" in during[0]

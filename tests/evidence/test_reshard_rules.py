@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from artifact_data import DATA_ARTIFACT
 
-from dcp_invariant import canonical
+from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import diagnosis, observation, provenance, rules, schema
 from dcp_invariant.evidence.families import reshard_evidence
 
@@ -195,3 +195,39 @@ def test_per_rank_losses_before_the_save_ask_nothing_of_the_ranks_after_it() -> 
     assert reshard_evidence.disagreement(own, drifting, 2) == []
     # One source rank shows nothing about the loop: its loss is "global" trivially.
     assert reshard_evidence.disagreement(own[:1], drifting, 1) == []
+
+
+OWN_PLAN = RUN_PLAN.checkpointed_by(plan.own_shape(reshards=True))
+
+
+def test_an_apps_own_reshard_is_judged_by_its_declaration() -> None:
+    """The same saves, loaded by an app that declares it reshards: equal keys pass; a load()
+    that raises at the new world size breaks the declaration, named with the fix."""
+    assert derive(GROW, real(GROW), OWN_PLAN) == []
+    obs = real(GROW)
+    failed_load(obs, {})
+    for rank in obs["target"]["ranks"]:
+        rank["load_error"] = {"kind": "app load", "key": None, "exception": "FileNotFoundError"}
+    reasons = derive(GROW, obs, OWN_PLAN)
+    assert reasons[0] == (
+        "does not reshard: rank 0 at world size 2: the app's own load() raised "
+        "FileNotFoundError on the checkpoint its save() wrote at world size 1, though the app "
+        "declares reshards = True: make its load() take a save from another world size, or "
+        "drop the declaration; its traceback is in the worker's log"
+    )
+    assert not any("DTensor" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("by_app", [False, True])
+def test_a_load_error_the_plans_loader_cannot_give_is_not_taken_at_its_word(by_app: bool) -> None:
+    """DCP never raises an app's load() error, nor an app's load() DCP's missing key: such a
+    record was not made by this plan, and the scenario fails instead of naming a cause."""
+    obs = real(GROW)
+    kind = "missing key" if by_app else "app load"
+    failed_load(obs, {1: {"kind": kind, "key": "app.model.0.weight", "exception": "KeyError"}})
+    reasons = derive(GROW, obs, OWN_PLAN if by_app else RUN_PLAN)
+    whose = "the app's own load()" if by_app else "DCP's load"
+    assert (
+        f"rank 1 at world size 2: a load error of kind {kind!r}, which {whose} cannot give: the "
+        "record is not this plan's"
+    ) in reasons, reasons

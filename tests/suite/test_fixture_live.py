@@ -357,8 +357,10 @@ def test_an_app_that_saves_itself_holds_at_each_world_size_and_across_the_restar
     notes = [line for line in proc.stdout.splitlines() if line.startswith("note: ")]
     assert notes == [
         "note: saving_loops:saves_itself's app has its own save() and load(): the tool ran them "
-        "instead of DCP, at each world size and across torchrun's restart, and checked no "
-        "reshard and no async save"
+        "instead of DCP, at each world size and across torchrun's restart; no reshard checked: "
+        "set reshards = True on the app if its load() restores a save made at another world "
+        "size; no async save checked: set saves_async = True on the app if its save() returns "
+        "a future that completes with the write"
     ], proc.stdout
     provenance = canonical.loads((out / schema.PROVENANCE_FILE).read_bytes())
     assert provenance["plan"]["checkpointing"] == "app"
@@ -366,6 +368,9 @@ def test_an_app_that_saves_itself_holds_at_each_world_size_and_across_the_restar
     observed = canonical.loads((out / schema.observation_file("resume_2")).read_bytes())
     assert [f["path"] for f in observed["commit"]["files"]] == ["rank0.pt", "rank1.pt"]
     assert verify_artifact(out).passed
+    verified = run_cli("verify", str(out))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert [line for line in verified.stdout.splitlines() if line.startswith("note: ")] == notes
 
 
 def test_a_scheduler_the_apps_own_load_drops_is_named_by_key() -> None:
@@ -400,6 +405,30 @@ def test_an_app_without_state_is_judged_by_its_losses_and_its_save_and_load_name
         "hold regular files only",
         "target: did not run",  # nothing was promoted to load
     ], reasons
+
+
+def test_an_app_that_declares_it_reshards_is_loaded_at_the_other_world_size() -> None:
+    """Declared and kept: rank 0's one file is read at 1 and at 2 ranks, and what each rank
+    loaded is what was saved. Declared and broken: the new rank finds no file of its own."""
+    reasons = derive("reshards", ["reshard_1_to_2", "reshard_2_to_1"], module="saving_loops")
+    assert reasons == {"reshard_1_to_2": [], "reshard_2_to_1": []}, reasons
+    reasons = derive("reshards_per_rank", ["reshard_1_to_2"], module="saving_loops")
+    assert (
+        "does not reshard: rank 1 at world size 2: the app's own load() raised "
+        "FileNotFoundError on the checkpoint its save() wrote at world size 1, though the app "
+        "declares reshards = True: make its load() take a save from another world size, or "
+        "drop the declaration; its traceback is in the worker's log"
+    ) in reasons["reshard_1_to_2"], reasons
+
+
+def test_an_app_that_saves_async_is_waited_for_after_the_next_step() -> None:
+    """Its future is waited for after step N+1: a save that copied the state first holds step
+    N; one that reads the live tensors only when waited for holds step N+1's, named."""
+    reasons = derive("saves_async", ["async_resume_2"], (2,), module="saving_loops")
+    assert reasons == {"async_resume_2": []}, reasons
+    reasons = derive("writes_when_waited_for", ["async_resume_2"], (2,), module="saving_loops")
+    during = [r for r in reasons["async_resume_2"] if r.startswith("changed during the save: ")]
+    assert len(during) == 2 and "the app's save() returned before it had copied" in during[0]
 
 
 def test_a_rank_killed_inside_the_apps_save_leaves_nothing_to_load(tmp_path: Path) -> None:

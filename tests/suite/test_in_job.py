@@ -220,17 +220,19 @@ def test_a_second_launch_at_another_node_count_resumes_the_first(tmp_path: Path)
 
 
 def test_an_app_that_saves_itself_resumes_through_torchruns_restart(tmp_path: Path) -> None:
-    """Its own save() and load() (saving_loops), across the restart of every worker; the app
-    drops its scheduler at the load, and the job names it by key."""
-    fixture = "saving_loops:scheduler_not_restored"
+    """Its own save() and load() (saving_loops), across the restart of every worker, and its
+    async save as it declares; the app drops its scheduler at the load, and the job names it
+    by key in both."""
+    fixture = "saving_loops:saves_async_scheduler_not_restored"
     with torchrun_job(tmp_path, nodes=1, nproc=2, fixture=fixture) as job:
         assert job.wait() != [0], job.log()
     report = verify_artifact(job.output)
     assert report.valid and not report.passed, report.problems
-    assert report.run_plan.names == ("resume_2",)
-    assert report.run_plan.checkpointing == "app"
-    reasons = str(_results(job.output)["resume_2"]["reasons"])
-    assert f"{diagnosis.APP_ROUND_TRIP}: rank 1: app.sched." in reasons, reasons
+    assert report.run_plan.names == ("resume_2", "async_resume_2")
+    assert report.run_plan.checkpointing == "app" and report.run_plan.saves_async
+    for name in report.run_plan.names:
+        reasons = str(_results(job.output)[name]["reasons"])
+        assert f"{diagnosis.APP_ROUND_TRIP}: rank 1: app.sched." in reasons, reasons
     resume = canonical.loads((job.output / schema.observation_file("resume_2")).read_bytes())
     assert [f["path"] for f in resume["commit"]["files"]] == ["rank0.pt", "rank1.pt"]
 

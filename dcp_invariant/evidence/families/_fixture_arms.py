@@ -87,7 +87,10 @@ async_train_rank = record(
     **_train_fields,
     **{
         "async": record(
-            pending_during_step=boolean, staged_first=boolean, upload_error=optional(string)
+            # None for the app's own save (async_resume_evidence.rule says why).
+            pending_during_step=optional(boolean),
+            staged_first=boolean,
+            upload_error=optional(string),
         )
     },
 )
@@ -155,13 +158,26 @@ def component(key: str) -> str:
     return key.split(".", 2)[1] if key.count(".") else key
 
 
-def load_failures(ranks: list[Obs], a: int, b: int, where: Callable[[int], str]) -> list[str]:
+def load_failures(
+    scenario: plan.Scenario, ranks: list[Obs], where: Callable[[int], str]
+) -> list[str]:
     """Each rank's own load failure (DCP fails its load on every rank when one rank's fails),
     or the app's own load()'s exception."""
+    a, b = scenario.source_world_size, scenario.target_world_size
+    by_app = scenario.checkpointing == "app"
     failed = [r for r in ranks if r["load_error"] is not None]
-    reasons = [
-        r for rank in failed for r in _load_failure(rank["load_error"], where(rank["rank"]), a, b)
-    ]
+    reasons = []
+    for rank in failed:
+        error = rank["load_error"]
+        if (error["kind"] == "app load") != by_app:
+            # Who loaded is the plan's: the tool through DCP, or the app's own load(), never both.
+            whose = "the app's own load()" if by_app else "DCP's load"
+            reasons.append(
+                f"{where(rank['rank'])}: a load error of kind {error['kind']!r}, which "
+                f"{whose} cannot give: the record is not this plan's"
+            )
+            continue
+        reasons += _load_failure(error, where(rank["rank"]), a, b)
     if failed and not reasons:
         cause = diagnosis.DOES_NOT_RESHARD if a != b else diagnosis.ROUND_TRIP
         ranks_named = ", ".join(str(r["rank"]) for r in failed)
@@ -174,6 +190,13 @@ def _load_failure(error: Obs, where: str, a: int, b: int) -> list[str]:
     kind, key = error["kind"], error["key"]
     if kind == "another rank":
         return []  # the rank whose own load failed says why
+    if kind == "app load" and a != b:
+        return [
+            f"{diagnosis.DOES_NOT_RESHARD}: {where}: the app's own load() raised "
+            f"{error['exception']} on the checkpoint its save() wrote at world size {a}, though "
+            "the app declares reshards = True: make its load() take a save from another world "
+            "size, or drop the declaration; its traceback is in the worker's log"
+        ]
     if kind == "app load":
         return [
             f"{diagnosis.APP_ROUND_TRIP}: {where}: the app's own load() raised {error['exception']} "

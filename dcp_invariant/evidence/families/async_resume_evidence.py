@@ -1,6 +1,9 @@
-"""The async_resume family of a fixture run: a resume whose save was ``dcp.async_save``."""
+"""The async_resume family of a fixture run: a resume whose save was ``dcp.async_save``, or the
+app's own save, which returned a future."""
 
 from __future__ import annotations
+
+from typing import get_args
 
 from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
@@ -17,7 +20,7 @@ from dcp_invariant.evidence.families._record_parts import Obs, always, group
 
 SHAPE = record(
     **fixture_common_fields,
-    save_mode=one_of("thread", "staged", "process"),
+    save_mode=one_of(*get_args(plan.AsyncMode)),
     reference=optional(group(async_train_rank)),
     repeat=optional(group(async_train_rank)),
 )
@@ -31,12 +34,21 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     reasons = []
     if mode != scenario.async_mode:
         reasons.append(f"plan: saved in {mode} mode, the scenario saves in {scenario.async_mode}")
+    by_app = mode == "app"
     for arm in ("reference", "repeat"):
         for rank in (obs[arm] or {"ranks": []})["ranks"]:
             facts, where = rank["async"], f"async save ({arm}) rank {rank['rank']}"
             if facts["upload_error"] is not None:
-                reasons.append(f"{where}: the background write failed: {facts['upload_error']}")
-            if not facts["pending_during_step"]:
+                whose = (
+                    "the app's save() future raised" if by_app else "the background write failed"
+                )
+                reasons.append(f"{where}: {whose}: {facts['upload_error']}")
+            # The tool holds DCP's writer back until step N+1 is over, so that step overlaps
+            # the write; an app's writer is its framework's, and whether it still ran is its
+            # timing (not recorded: two runs would differ).
+            if by_app and facts["pending_during_step"] is not None:
+                reasons.append(f"{where}: an app's save is not held back, so no overlap is known")
+            elif not by_app and facts["pending_during_step"] is not True:
                 reasons.append(
                     f"{where}: the write had finished before step {n + 1} ended, so nothing "
                     "overlapped it"
@@ -57,6 +69,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
                     after_save.get(rank["rank"], {}),
                     rank["loaded"],
                     n,
+                    by_app,
                 )
     return reasons + during + resume_evidence.rule(scenario, obs)
 

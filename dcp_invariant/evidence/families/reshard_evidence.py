@@ -71,8 +71,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             loaded,
             others,
             rank["diffs"],
+            diagnosis.round_trip_cause(scenario),
         )
-        hints += [h for h in diagnosis.round_trip_hints(expected, loaded) if h not in hints]
+        if scenario.checkpointing == "dcp":  # the hints are about DCP's own ways
+            hints += [h for h in diagnosis.round_trip_hints(expected, loaded) if h not in hints]
         found = first_non_finite_loss(rank, n)
         if found is not None:
             reasons.append(diagnosis.non_finite_loss(where, *found))
@@ -80,7 +82,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             reasons.append(
                 f"{where}: took {len(rank['steps'])} steps, the plan has {obs['steps_after']}"
             )
-    failed_loads = load_failures(target["ranks"], a, b, lambda r: f"rank {r} at world size {b}")
+    failed_loads = load_failures(scenario, target["ranks"], lambda r: f"rank {r} at world size {b}")
     if failed_loads:
         return reasons + failed_loads
     # A rank's data and loss may be its own, so ranks need not agree on the loss, unless the

@@ -73,7 +73,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         )
         if scenario.checkpointing == "dcp":  # the hints are about DCP's own ways
             hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
-    cause_1 += load_failures(target["ranks"], w, w, lambda r: f"resumed rank {r}")
+    cause_1 += load_failures(scenario, target["ranks"], lambda r: f"resumed rank {r}")
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
     for rank in loaded_ranks:

@@ -153,7 +153,7 @@ class ScenarioContext:
         if crash is not None:
             plan[-1]["crash"] = crash
         payload: TrainAndSave = {
-            "checkpointing": self.run_plan.checkpointing,
+            "shape": self.run_plan.shape,
             "fixture": self.fixture,
             "fixture_args": self.run_plan.arguments,
             "saves": plan,

@@ -108,7 +108,7 @@ def _torchrun(ctx: ScenarioContext, pool: WorkerPool) -> tuple[int, bool, list[s
     """torchrun's exit code, whether it timed out, and what its ranks left running."""
     workdir, timeout = ctx.workdir, pool.timeout
     payload: Elastic = {
-        "checkpointing": ctx.run_plan.checkpointing,
+        "shape": ctx.run_plan.shape,
         "dying_rank": plan.DYING_RANK,
         "exit_code": plan.ELASTIC_EXIT_CODE,
         "fixture": ctx.fixture,

@@ -57,7 +57,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         generation = ctx.store.resolve()
         obs["cut"] = cut_short(generation.path, ctx.workdir / CUT)
         payload: FixtureLoadCut = {
-            "checkpointing": the_plan.checkpointing,
+            "shape": the_plan.shape,
             "directory": ctx.written(CUT),
             "fixture": ctx.fixture,
             "fixture_args": the_plan.arguments,

@@ -38,7 +38,7 @@ class PlannedSave(TypedDict):
 
 
 class TrainAndSave(TypedDict):
-    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
+    shape: plan.AppShape  # who saves and loads, the tool or the app, and what the app declares
     fixture: str
     fixture_args: FixtureArgs
     saves: list[PlannedSave]
@@ -46,7 +46,7 @@ class TrainAndSave(TypedDict):
 
 
 class LoadAndStep(TypedDict):
-    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
+    shape: plan.AppShape  # who saves and loads, the tool or the app, and what the app declares
     fixture: str
     fixture_args: FixtureArgs
     store: str
@@ -79,27 +79,28 @@ class FixtureProbeRecord(TypedDict):
     problem: str | None  # an interface problem: bad input, the message says what to change
     phase: ProbePhase
     threads: list[str]  # at "done": the non-daemon threads still running, which exit waits for
-    # Who checkpoints the app built (:class:`..fixture.Anchored`); None before it is built.
-    checkpointing: plan.Checkpointing | None
-    has_state: bool | None  # whether it has a state_dict() the tool compares
+    # Who checkpoints the app built and what it declares (:class:`..fixture.Anchored`); None
+    # before it is built.
+    shape: plan.AppShape | None
 
 
 class FixtureTrain(TypedDict):
     checkpoint: str
-    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
+    shape: plan.AppShape  # who saves and loads, the tool or the app, and what the app declares
     fixture: str
     fixture_args: FixtureArgs
     snapshots: str | None  # None: no later group reads this arm's values
     steps_after: int
     steps_before: int
-    # An async_resume arm's save: dcp.async_save in this mode, each wait bounded by ``timeout``.
+    # An async_resume arm's save: dcp.async_save in this mode (or the app's own, "app"), each
+    # wait bounded by ``timeout``.
     async_mode: NotRequired[plan.AsyncMode]
     timeout: NotRequired[float]
 
 
 class FixtureResume(TypedDict):
     compare_steps: bool
-    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
+    shape: plan.AppShape  # who saves and loads, the tool or the app, and what the app declares
     fixture: str
     fixture_args: FixtureArgs
     rank_local: list[str]  # components left out of the load: each rank keeps its own
@@ -112,7 +113,7 @@ class FixtureResume(TypedDict):
 class FixtureLoadCut(TypedDict):
     """Fresh ranks point the app's own load() at a checkpoint cut short (half_written)."""
 
-    checkpointing: plan.Checkpointing
+    shape: plan.AppShape
     directory: str  # the copy cut short, relative to the scenario's workspace
     fixture: str
     fixture_args: FixtureArgs
@@ -124,7 +125,7 @@ class Elastic(TypedDict):
 
     dying_rank: int
     exit_code: int
-    checkpointing: plan.Checkpointing  # who saves and loads: the tool, or the app
+    shape: plan.AppShape  # who saves and loads, the tool or the app, and what the app declares
     fixture: str
     fixture_args: FixtureArgs
     store: str

@@ -28,7 +28,7 @@ def train_payload(
 ) -> FixtureTrain:
     return {
         "checkpoint": ctx.candidate_id(label),
-        "checkpointing": ctx.run_plan.checkpointing,
+        "shape": ctx.run_plan.shape,
         "fixture": ctx.fixture,
         "fixture_args": ctx.run_plan.arguments,
         "snapshots": snapshots,
@@ -47,7 +47,7 @@ def resume_group(ctx: ScenarioContext, *, compare_steps: bool) -> GroupRecord:
     """Fresh ranks at the target world size load through the pointer and take K steps."""
     sc = ctx.scenario
     payload: FixtureResume = {
-        "checkpointing": ctx.run_plan.checkpointing,
+        "shape": ctx.run_plan.shape,
         "compare_steps": compare_steps,
         "fixture": ctx.fixture,
         "fixture_args": ctx.run_plan.arguments,

@@ -17,7 +17,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         if not ctx.commit_baseline(obs):
             return obs
         payload: LoadAndStep = {
-            "checkpointing": ctx.run_plan.checkpointing,
+            "shape": ctx.run_plan.shape,
             "fixture": ctx.fixture,
             "fixture_args": ctx.run_plan.arguments,
             "store": STORE_ROOT,

@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     task_payload = {
-        "checkpointing": payload["checkpointing"],
+        "shape": payload["shape"],
         "fixture": payload["fixture"],
         "fixture_args": payload["fixture_args"],
         "store": payload["store"],

@@ -222,19 +222,20 @@ def main(options: Options) -> int:
         timeout=timedelta(seconds=options.timeout),
     )
     try:
-        run_plan = run_plan.checkpointed_by(*_checkpointing(options, job, root))
+        run_plan = run_plan.checkpointed_by(_shape(options, job, root))
         return _run(root, run_plan, job, options, source, (distribution, runtime))
     finally:
         dist.destroy_process_group()
 
 
-def _checkpointing(
-    options: Options, job: JobEnvironment, root: Path
-) -> tuple[plan.Checkpointing, bool]:
-    """Who saves the app, and whether it has a state_dict() to compare: the plan's scenarios
-    hang on it, and a job has no probe (``run``'s runs in a worker of its own), so every rank
-    builds the app once, in a directory of its own, before any scenario; every attempt alike,
-    so that attempt 1 replays attempt 0's plan."""
+def _shape(options: Options, job: JobEnvironment, root: Path) -> plan.AppShape:
+    """Who saves the app, whether it has a state_dict() to compare, and what it declares: the
+    plan's scenarios hang on it, and a job has no probe (``run``'s runs in a worker of its own),
+    so every rank builds the app once, in a directory of its own, before any scenario; every
+    attempt alike, so that attempt 1 replays attempt 0's plan. Ranks whose apps differ would
+    run different scenarios: every rank refuses that alike."""
+    import torch.distributed as dist
+
     from dcp_invariant.suite import fixture
 
     scratch = root / STATE_DIR / f"shape-rank{job.rank}"
@@ -245,7 +246,16 @@ def _checkpointing(
         app = fixture.build_app(options.fixture, job.rank, job.world_size, options.fixture_args)
     finally:
         os.chdir(home)
-    return app.checkpointing, app.has_state
+    shapes: list[Any] = [None] * job.world_size
+    dist.all_gather_object(shapes, app.shape)
+    for rank, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            raise InJobError(
+                f"the app built on rank {rank} is {plan.described(shape)}, the one on rank 0 "
+                f"{plan.described(shapes[0])}: build the same kind of app on every rank"
+            )
+    found: plan.AppShape = shapes[0]
+    return found
 
 
 def _run(
