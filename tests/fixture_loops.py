@@ -221,6 +221,24 @@ class NarrowedDtype(Correct):
         super().load_state_dict({**state_dict, "model": model})
 
 
+class RestoresRngLate(Correct):
+    """Keeps the generator state it loaded and applies it at its first step, as loops that
+    restore RNG state lazily do: it resumes exactly, but a checkpoint taken between the load
+    and that step would hold the fresh generator."""
+
+    pending: Any = None
+
+    def load_loop_state(self, state_dict: dict[str, Any]) -> None:
+        self.pending = state_dict["rng"]
+        super().load_loop_state({**state_dict, "rng": self.generator.get_state()})
+
+    def step(self) -> float:
+        if self.pending is not None:
+            self.generator.set_state(self.pending)
+            self.pending = None
+        return super().step()
+
+
 class Nondeterministic(Correct):
     """Adds input noise from a generator seeded from os.urandom at every step: two identical
     uninterrupted runs differ, everything else is correct."""
@@ -544,6 +562,10 @@ def per_rank_value_one_key(rank: int, world_size: int) -> Correct:
 
 def narrowed_dtype(rank: int, world_size: int) -> Correct:
     return NarrowedDtype(rank, world_size)
+
+
+def restores_rng_late(rank: int, world_size: int) -> Correct:
+    return RestoresRngLate(rank, world_size)
 
 
 def nondeterministic(rank: int, world_size: int) -> Correct:

@@ -6,6 +6,8 @@ the same sentences without torch. The causes, in the order they are reported:
 1. state that did not round-trip through DCP (loaded != saved);
 2. loaded == saved, but a resumed step differs: state that lives outside ``state_dict()``;
 3. the fixture does not repeat itself: two uninterrupted runs differ, so nothing is blamed;
+   (and, ranked between 1 and 2, loaded != saved while every resumed step matches: the load
+   is applied late, ``restored late``);
 4. a step returned a NaN or infinite loss: the loop diverged, and nothing after it compares.
 
 The max absolute differences come from the workers (they need the values); the verifier checks
@@ -35,6 +37,9 @@ NOT_RESTORED = "not restored by the app's save() and load()"
 UNSEALABLE = "the app's save() cannot be sealed"
 # An app's own load() that returned, on every rank, on a checkpoint cut short (half_written).
 LOADS_CUT_SHORT = "the app's load() takes a checkpoint cut short"
+# Loaded != saved right after the load, yet every resumed step matches: the load is applied
+# later (at the first step), so a checkpoint taken before that step would not resume.
+RESTORED_LATE = "restored late"
 NONDETERMINISTIC = "non-deterministic fixture"
 NON_FINITE = "non-finite loss"
 # A group killed at its deadline (families._groups.timed_out); check() reports a fixture whose
@@ -147,6 +152,28 @@ def round_trip(
     return reasons
 
 
+def resumed_exactly(
+    reference: Sequence[Mapping[str, Any]], resumed: Sequence[Mapping[str, Any]], steps: int
+) -> bool:
+    """Every one of the ``steps`` resumed steps has the uninterrupted run's loss and keys."""
+    return len(resumed) == len(reference) == steps and all(
+        want["loss"] == got["loss"] and want["keys"] == got["keys"]
+        for want, got in zip(reference, resumed, strict=True)
+    )
+
+
+def restored_late(where: str, saved: Keys, loaded: Keys, load: str) -> list[str]:
+    """Loaded != saved, yet the resumed steps all match (:func:`resumed_exactly`): ``load``
+    (``load_state_dict()``, or the app's ``load()``) keeps what it got and applies it later."""
+    keys = differing_keys(saved, loaded)
+    return [
+        f"{RESTORED_LATE}: {where}: right after {load}, state_dict() differs from what was saved "
+        f"in {named(keys)}, yet every resumed step matches: the loaded state is applied later "
+        "(at the first step), so a checkpoint taken between the load and that step would save "
+        f"the fresh state and not resume; apply it in {load} itself"
+    ]
+
+
 def round_trip_hints(saved: Keys, loaded: Keys) -> list[str]:
     """What usually causes the cause-1 keys found, said once per scenario."""
     hints = []
@@ -241,6 +268,7 @@ RANKED_CAUSES = (
     APP_ROUND_TRIP,
     UNSEALABLE,
     LOADS_CUT_SHORT,
+    RESTORED_LATE,
     OUTSIDE_STATE_DICT,
     NOT_RESTORED,
     NONDETERMINISTIC,

@@ -201,6 +201,18 @@ def test_state_outside_state_dict_is_the_cause_when_loaded_equals_saved(
         assert re.search(r"loss expected -?\d\S* \(0x[0-9a-f.]+p[+-]\d+\), got", outside[0])
 
 
+def test_a_generator_restored_at_the_first_step_is_named_restored_late() -> None:
+    """It resumes exactly, yet right after the load its state_dict() holds the fresh generator:
+    a checkpoint taken then would not resume. One reason, naming that, not a lost key."""
+    (reason,) = derive("restores_rng_late", ["resume_1"], (1,))["resume_1"]
+    assert reason == (
+        "restored late: rank 0: right after load_state_dict(), state_dict() differs from what "
+        "was saved in app.rng, yet every resumed step matches: the loaded state is applied "
+        "later (at the first step), so a checkpoint taken between the load and that step would "
+        "save the fresh state and not resume; apply it in load_state_dict() itself"
+    )
+
+
 def test_reset_adam_step_counters_are_named_key_by_key() -> None:
     reasons = derive("adam_step_reset", ["resume_1"])["resume_1"]
     steps = [

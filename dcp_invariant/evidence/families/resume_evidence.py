@@ -68,9 +68,20 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         loaded_ranks.append(rank)
         mine = saved.get(rank["rank"], {})
         others = {r: s for r, s in saved.items() if r != rank["rank"]}
-        cause_1 += diagnosis.round_trip(
+        lost = diagnosis.round_trip(
             where, mine, rank["loaded"], others, rank["diffs"], diagnosis.round_trip_cause(scenario)
         )
+        uninterrupted = reference.get(rank["rank"])
+        if (
+            lost
+            and uninterrupted is not None
+            and diagnosis.resumed_exactly(uninterrupted["steps"], rank["steps"], k)
+        ):
+            # Nothing was lost: what the load got was applied at the first step instead.
+            load = "load_state_dict()" if scenario.checkpointing == "dcp" else "the app's load()"
+            cause_1 += diagnosis.restored_late(where, mine, rank["loaded"], load)
+            continue
+        cause_1 += lost
         if scenario.checkpointing == "dcp":  # the hints are about DCP's own ways
             hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
     cause_1 += load_failures(scenario, target["ranks"], lambda r: f"resumed rank {r}")
