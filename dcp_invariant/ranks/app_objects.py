@@ -1,0 +1,223 @@
+"""Fingerprints of the app's own objects: what steers training, wherever the app keeps it.
+
+``state_dict()`` shows what the app chose to save; a resume bug is what it forgot. So besides
+the state dict, a rank walks the app object's attributes and records, by attribute path, a
+fingerprint of everything that can steer a step: tensors, modules (parameters and buffers),
+optimizers (``state`` by parameter index, ``param_groups``), LR schedulers, generators, loss
+scalers, samplers and data loaders, numbers and counters; and the global RNGs (torch's CPU
+generator, Python's ``random``, NumPy's). Two walks of the same app compare key by key, as the
+state records do (``"<kind> <digest>"``, or a number's own value), so the verifier can say
+which attribute differs without torch.
+
+The walk reads attributes and nothing else: no property, ``__getattr__`` or method of the
+user's runs (``vars()`` and slots only), except torch's own accessors (``Generator.get_state``,
+a module's ``_parameters``, an optimizer's ``state``). It is bounded in depth, in entries per
+container and in attributes in all; each object is walked once, at the first path that reaches
+it (cycles end there). A DTensor is fingerprinted by this rank's shard: the walk runs no
+collective, so ranks whose objects differ cannot hang it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy
+import torch
+
+from dcp_invariant.ranks.digest import value_digest
+
+MAX_DEPTH = 16
+MAX_ENTRIES = 256  # of one container: a longer one is fingerprinted whole
+MAX_ATTRIBUTES = 20_000
+MAX_SHOWN_STR = 64
+# Where the global RNGs are recorded, beside the app's own attributes.
+GLOBAL_RNGS = ("rng.numpy", "rng.python", "rng.torch")
+
+# What a bare module holds for torch's bookkeeping (hooks, parameters, submodules): a module's
+# own attributes are the rest, and its parameters, buffers and submodules are walked by name.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+# Types whose objects hold no training state, or hold a process's resources: not walked.
+_OPAQUE = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.GeneratorType,
+    types.CoroutineType,
+    property,
+    torch.device,
+    torch.dtype,
+)
+_OPAQUE_MODULES = (
+    "threading",
+    "multiprocessing",
+    "queue",
+    "socket",
+    "subprocess",
+    "logging",
+    "io",
+    "_io",
+    "weakref",
+    "concurrent",
+    "asyncio",
+    "torch.distributed",
+    "torch._C",
+)
+
+
+def fingerprints(app: Any, root: str = "app") -> dict[str, str]:
+    """``{attribute path: fingerprint}`` of ``app``'s objects and the global RNGs, sorted."""
+    walk = _Walk()
+    walk.visit(app, root, 0)
+    out = walk.found
+    out["rng.torch"] = "ByteTensor " + value_digest(torch.get_rng_state())
+    out["rng.python"] = "state " + _digest(repr(random.getstate()))
+    out["rng.numpy"] = "state " + _digest(repr(numpy.random.get_state(legacy=True)))
+    return dict(sorted(out.items()))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class _Walk:
+    def __init__(self) -> None:
+        self.found: dict[str, str] = {}
+        self._seen: set[int] = set()
+        # Everything walked stays referenced until the walk ends: an id in _seen is then never
+        # reused by a later object (the optimizer's views below are made for the walk).
+        self._kept: list[Any] = []
+        self._visited = 0
+
+    def visit(self, value: Any, path: str, depth: int) -> None:
+        self._visited += 1
+        if self._visited > MAX_ATTRIBUTES:
+            return
+        leaf = _leaf(value)
+        if leaf is not None:
+            self.found[path] = leaf
+            return
+        if isinstance(value, _OPAQUE) or _opaque_module(value):
+            return
+        if isinstance(value, torch.utils.data.dataloader._BaseDataLoaderIter):
+            return  # a loader's live iterator: worker processes and queues, rebuilt each epoch
+        if id(value) in self._seen:
+            return  # walked already, at the first path that reached it
+        self._seen.add(id(value))
+        self._kept.append(value)
+        if depth >= MAX_DEPTH:
+            self.found[path] = f"{type(value).__name__} (deeper than {MAX_DEPTH})"
+            return
+        for name, child in _children(value):
+            self.visit(child, f"{path}.{name}", depth + 1)
+
+
+def _opaque_module(value: Any) -> bool:
+    module = type(value).__module__ or ""
+    return any(module == m or module.startswith(m + ".") for m in _OPAQUE_MODULES)
+
+
+def _leaf(value: Any) -> str | None:
+    """The fingerprint of a value that has no attributes worth walking; None for the others."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        return f"int {value}"
+    if isinstance(value, float):
+        return f"float {value.hex()}"
+    if isinstance(value, str):
+        return f"str {value!r}" if len(value) <= MAX_SHOWN_STR else f"str {_digest(value)}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"bytes {hashlib.sha256(value).hexdigest()}"
+    if isinstance(value, torch.Tensor):
+        return _tensor(value)
+    if isinstance(value, torch.Generator):
+        return "Generator " + value_digest(value.get_state())
+    if isinstance(value, numpy.ndarray):
+        return f"ndarray {value.dtype}{list(value.shape)} " + _digest(repr(value.tobytes()))
+    if isinstance(value, numpy.generic):
+        return _leaf(value.item())
+    return None
+
+
+def _tensor(value: torch.Tensor) -> str:
+    tensor = value.detach()
+    if hasattr(tensor, "to_local") and hasattr(tensor, "placements"):
+        tensor = tensor.to_local()  # this rank's shard: no collective (module docstring)
+    shape = f"{str(tensor.dtype).removeprefix('torch.')}[{','.join(map(str, tensor.shape))}]"
+    if tensor.is_meta or tensor.layout != torch.strided or tensor.is_nested:
+        return f"{shape} {tensor.layout} {tensor.device.type}"  # no data to fingerprint
+    try:
+        return f"{shape} {value_digest(tensor)}"
+    except (RuntimeError, NotImplementedError, TypeError):
+        # A tensor subclass whose bytes cannot be read: its kind is all there is to compare.
+        return f"{shape} {type(value).__name__}"
+
+
+def _children(value: Any) -> list[tuple[str, Any]]:
+    """What to walk under ``value``, by name, in a stable order."""
+    if isinstance(value, Mapping):
+        return _entries(value)
+    if isinstance(value, (list, tuple)):
+        if len(value) > MAX_ENTRIES:
+            return []
+        return [(str(i), item) for i, item in enumerate(value)]
+    if isinstance(value, torch.optim.Optimizer):
+        return _optimizer(value)
+    if isinstance(value, torch.nn.Module):
+        return _module(value)
+    return _attributes(value)
+
+
+def _entries(mapping: Mapping[Any, Any]) -> list[tuple[str, Any]]:
+    if len(mapping) > MAX_ENTRIES:
+        return []
+    plain = [k for k in mapping if isinstance(k, (str, int, float, bool)) or k is None]
+    return [(str(k), mapping[k]) for k in sorted(plain, key=repr)]
+
+
+def _attributes(value: Any) -> list[tuple[str, Any]]:
+    """An object's instance attributes: its ``__dict__`` and slots, never a property."""
+    found: dict[str, Any] = {}
+    # object.__getattribute__, not vars(): the class's own __getattribute__ or __getattr__ is
+    # user code. An object without a __dict__ has its slots alone, or nothing to walk.
+    with contextlib.suppress(AttributeError):
+        instance = object.__getattribute__(value, "__dict__")
+        if isinstance(instance, dict):
+            found.update(instance)
+    for cls in type(value).__mro__:
+        for slot in cls.__dict__.get("__slots__", ()):
+            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
+                member = cls.__dict__.get(slot)
+                if isinstance(member, types.MemberDescriptorType):
+                    with contextlib.suppress(AttributeError):  # a slot never assigned: nothing
+                        found.setdefault(slot, member.__get__(value, cls))
+    return sorted(found.items())
+
+
+def _module(module: torch.nn.Module) -> list[tuple[str, Any]]:
+    """Parameters, buffers and submodules by name, then the module's own other attributes."""
+    named: dict[str, Any] = {}
+    for table in (module._parameters, module._buffers, module._modules):
+        named.update((k, v) for k, v in table.items() if v is not None)
+    own = [(k, v) for k, v in vars(module).items() if k not in _MODULE_INTERNALS]
+    return sorted(named.items()) + sorted(own)
+
+
+def _optimizer(optimizer: torch.optim.Optimizer) -> list[tuple[str, Any]]:
+    """``state`` by parameter index (its order in ``param_groups``), ``param_groups`` without
+    the parameters themselves (the model has them), and ``defaults``."""
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+    index = {id(p): i for i, p in enumerate(order)}
+    state = {index[id(p)]: s for p, s in optimizer.state.items() if id(p) in index}
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": len(group["params"])}
+        for group in optimizer.param_groups
+    ]
+    return [("defaults", optimizer.defaults), ("param_groups", groups), ("state", state)]

@@ -1,0 +1,162 @@
+"""The walk of an app's own objects (ranks/app_objects.py): what it fingerprints, by which path,
+and what it never does (call a property, follow a cycle forever, run past its bounds)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dcp_invariant.ranks import app_objects  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.seed = 7
+
+
+class Loop:
+    """A loop with everything that steers training somewhere other than a state dict."""
+
+    def __init__(self) -> None:
+        init = torch.Generator().manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        for p in self.model.parameters():
+            torch.nn.init.uniform_(p, generator=init)
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=0.1)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: 1.0 / (s + 1))
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+        self.teacher = torch.optim.swa_utils.AveragedModel(self.model)
+        self.generator = torch.Generator().manual_seed(1)
+        self.sampler = Sampler()
+        self.steps = 0
+        self.lock = threading.Lock()  # a process's resource: never walked
+        self.on_step = print  # a function: never walked
+
+    def step(self) -> None:
+        x = torch.rand(2, 4, generator=self.generator)
+        loss = self.model(x).square().mean()
+        self.optim.zero_grad()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optim)
+        self.scaler.update()
+        self.scheduler.step()
+        self.teacher.update_parameters(self.model)
+        self.steps += 1
+
+
+def test_what_steers_training_is_found_by_its_attribute_path() -> None:
+    loop = Loop()
+    loop.step()
+    found = app_objects.fingerprints(loop)
+    for path in (
+        "app.model.0.weight",
+        "app.optim.state.0.exp_avg",
+        "app.optim.state.0.step",
+        "app.optim.param_groups.0.lr",
+        "app.scheduler.last_epoch",
+        "app.scaler._scale",
+        "app.scaler._growth_tracker",
+        "app.teacher.module.0.weight",
+        "app.teacher.n_averaged",
+        "app.generator",
+        "app.sampler.epoch",
+        *app_objects.GLOBAL_RNGS,
+    ):
+        assert path in found, sorted(found)
+    assert found["app.steps"] == "int 1"
+    assert found["app.sampler.epoch"] == "int 0"
+    assert found["app.optim.param_groups.0.params"] == "int 4"  # counted; the model has them
+    assert found["app.model.0.weight"].startswith("float32[4,4] ")
+    assert not any(p.startswith(("app.lock", "app.on_step")) for p in found), sorted(found)
+    assert list(found) == sorted(found)
+
+
+def test_two_walks_differ_exactly_where_the_objects_do() -> None:
+    torch.manual_seed(0)
+    first, second = Loop(), Loop()
+    for loop in (first, second):
+        loop.step()
+    torch.manual_seed(0)
+    a = app_objects.fingerprints(first)
+    torch.manual_seed(0)
+    b = app_objects.fingerprints(second)
+    assert a == b
+    second.sampler.epoch = 3
+    with torch.no_grad():
+        second.teacher.module[0].weight.add_(1)
+    second.scaler.update(new_scale=1.0)
+    b = app_objects.fingerprints(second)
+    assert sorted(k for k in a if a[k] != b[k]) == [
+        "app.sampler.epoch",
+        "app.scaler._scale",
+        "app.teacher.module.0.weight",
+    ]
+    assert b["app.sampler.epoch"] == "int 3"
+
+
+def test_the_global_rngs_are_recorded_beside_the_app() -> None:
+    torch.manual_seed(0)
+    before = app_objects.fingerprints(object())
+    torch.rand(1)
+    after = app_objects.fingerprints(object())
+    assert before["rng.torch"] != after["rng.torch"]
+    assert before["rng.python"] == after["rng.python"]
+
+
+class Tricky:
+    """Attributes the walk must not call or loop on."""
+
+    __slots__ = ("__dict__", "slot_value", "unset_slot")
+
+    def __init__(self) -> None:
+        self.slot_value = 5
+        self.me = self
+        self.child = {"parent": self}
+
+    @property
+    def exploding(self) -> Any:
+        raise AssertionError("the walk called a property")
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the walk asked for {name!r}")
+
+    def __getattribute__(self, name: str) -> Any:
+        if name not in ("slot_value", "me", "child", "__class__"):
+            raise AssertionError(f"the walk asked for {name!r}")
+        return object.__getattribute__(self, name)
+
+
+def test_properties_are_never_called_and_cycles_end() -> None:
+    found = app_objects.fingerprints(Tricky())
+    app = {k: v for k, v in found.items() if k.startswith("app")}
+    assert app == {"app.slot_value": "int 5"}
+
+
+def test_the_walk_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Deep:
+        def __init__(self, depth: int) -> None:
+            self.value = depth
+            self.next = Deep(depth - 1) if depth else None
+
+    monkeypatch.setattr(app_objects, "MAX_DEPTH", 3)
+    found = app_objects.fingerprints(Deep(10))
+    assert found["app.next.next.value"] == "int 8"
+    assert found["app.next.next.next"] == "Deep (deeper than 3)"
+    big = {"items": list(range(app_objects.MAX_ENTRIES + 1)), "few": [1, 2]}
+    found = app_objects.fingerprints(big)
+    assert "app.few.1" in found and not any(k.startswith("app.items.") for k in found)
+    monkeypatch.setattr(app_objects, "MAX_ATTRIBUTES", 50)
+    found = app_objects.fingerprints({"n": list(range(200))})
+    assert len([k for k in found if k.startswith("app.")]) < 50
+
+
+def test_a_tensor_without_data_is_named_by_its_kind() -> None:
+    found = app_objects.fingerprints({"meta": torch.empty(3, device="meta")})
+    assert found["app.meta"] == "float32[3] torch.strided meta"
