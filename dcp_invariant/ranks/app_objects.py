@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import re
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -34,7 +35,7 @@ from dcp_invariant.ranks.digest import value_digest
 MAX_DEPTH = 16
 MAX_ENTRIES = 256  # of one container: a longer one is fingerprinted whole
 MAX_ATTRIBUTES = 20_000
-MAX_SHOWN_STR = 64
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 # Where the global RNGs are recorded, beside the app's own attributes.
 GLOBAL_RNGS = ("rng.numpy", "rng.python", "rng.torch")
 
@@ -45,7 +46,6 @@ _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 _OPAQUE = (
     type,
     types.ModuleType,
-    types.FunctionType,
     types.BuiltinFunctionType,
     types.MethodType,
     types.GeneratorType,
@@ -132,7 +132,8 @@ def _leaf(value: Any) -> str | None:
     if isinstance(value, float):
         return f"float {value.hex()}"
     if isinstance(value, str):
-        return f"str {value!r}" if len(value) <= MAX_SHOWN_STR else f"str {_digest(value)}"
+        # Never shown: a string may be a path, a host or a user name (evidence holds none).
+        return f"str {_digest(value)}"
     if isinstance(value, (bytes, bytearray)):
         return f"bytes {hashlib.sha256(value).hexdigest()}"
     if isinstance(value, torch.Tensor):
@@ -168,6 +169,15 @@ def _children(value: Any) -> list[tuple[str, Any]]:
         if len(value) > MAX_ENTRIES:
             return []
         return [(str(i), item) for i, item in enumerate(value)]
+    if isinstance(value, types.FunctionType):
+        # A closure's cells: a loop written as functions keeps its state there (a nonlocal
+        # cursor, the model a step() captured). A function's globals are not its state.
+        cells = value.__closure__ or ()
+        return [
+            (name, cell.cell_contents)
+            for name, cell in zip(value.__code__.co_freevars, cells, strict=False)
+            if _cell_filled(cell)
+        ]
     if isinstance(value, torch.optim.Optimizer):
         return _optimizer(value)
     if isinstance(value, torch.nn.Module):
@@ -175,11 +185,28 @@ def _children(value: Any) -> list[tuple[str, Any]]:
     return _attributes(value)
 
 
+def _cell_filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018  # raises ValueError while the cell is empty
+    except ValueError:
+        return False
+    return True
+
+
 def _entries(mapping: Mapping[Any, Any]) -> list[tuple[str, Any]]:
     if len(mapping) > MAX_ENTRIES:
         return []
     plain = [k for k in mapping if isinstance(k, (str, int, float, bool)) or k is None]
-    return [(str(k), mapping[k]) for k in sorted(plain, key=repr)]
+    return [(_name(k), mapping[k]) for k in sorted(plain, key=repr)]
+
+
+def _name(key: Any) -> str:
+    """A dict key as a path component: itself when it is a plain name, else a digest of it (a
+    key may be a file path or a host name, which the evidence must not hold)."""
+    text = str(key)
+    if _PLAIN_NAME.fullmatch(text):
+        return text
+    return "key~" + _digest(repr(key))[:16]
 
 
 def _attributes(value: Any) -> list[tuple[str, Any]]:

@@ -160,3 +160,20 @@ def test_the_walk_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_tensor_without_data_is_named_by_its_kind() -> None:
     found = app_objects.fingerprints({"meta": torch.empty(3, device="meta")})
     assert found["app.meta"] == "float32[3] torch.strided meta"
+
+
+def test_a_closures_cells_are_walked_and_strings_and_odd_keys_never_shown() -> None:
+    """A loop written as functions keeps its cursor in a cell; a string or a key that is not a
+    plain name could be a path, so it is fingerprinted, never shown."""
+    cursor = 3
+
+    def step() -> int:
+        nonlocal cursor
+        cursor += 1
+        return cursor
+
+    found = app_objects.fingerprints({"step": step, "where": "/home/someone/data", "/etc/hosts": 1})
+    assert found["app.step.cursor"] == "int 3"
+    assert found["app.where"].startswith("str ") and "/home" not in found["app.where"]
+    assert not any("/etc" in path for path in found), sorted(found)
+    assert any(path.startswith("app.key~") for path in found), sorted(found)
