@@ -265,8 +265,10 @@ def _file_failure(path: Path, mode: int, entry: FileEntry) -> FailureReason | No
 
 
 def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    """A directory's entries in name order: the first refusal, which the evidence records, is
+    the same in every run whatever order the file system lists them in."""
     with os.scandir(directory) as it:
-        return list(it)
+        return sorted(it, key=lambda e: e.name)
 
 
 def _tree(directory: Path, *, nested: bool) -> tuple[list[str], list[str]]:
