@@ -155,7 +155,8 @@ def hash_file(path: Path, shown: str | None = None) -> tuple[int, str]:
     """Size and SHA-256 of a file, read in fixed chunks so memory does not grow with size.
 
     Whatever the caller saw, the entry may have been swapped since: :mod:`regular_file` refuses
-    it unless what it opened is a regular file. ``shown`` names it in the error (its name).
+    it unless what it opened is a regular file. ``shown``: how the error names it (by default
+    its file name; a nested file by its path relative to the checkpoint).
     """
     h = hashlib.sha256()
     size = 0
@@ -221,12 +222,12 @@ def check(directory: Path, receipt: Receipt) -> list[Failure]:
         prefix, entries = pending.pop()
         for entry in entries:
             rel = prefix + entry.name
-            mode = entry.stat(follow_symlinks=False).st_mode
+            st = entry.stat(follow_symlinks=False)
             if rel in expected:
-                found[rel] = _file_failure(directory / rel, mode, expected[rel])
+                found[rel] = _file_failure(directory / rel, st, expected[rel])
             elif rel in subdirectories:
                 found[rel] = "missing"  # unless it is a directory that can be listed
-                if stat.S_ISDIR(mode):
+                if stat.S_ISDIR(st.st_mode):
                     try:
                         pending.append((f"{rel}/", _entries(directory / rel)))
                         found[rel] = None
@@ -248,9 +249,11 @@ def verify(directory: Path, receipt: Receipt, *, what: str) -> None:
         raise ReceiptMismatch(what, failures)
 
 
-def _file_failure(path: Path, mode: int, entry: FileEntry) -> FailureReason | None:
-    if not stat.S_ISREG(mode):
+def _file_failure(path: Path, st: os.stat_result, entry: FileEntry) -> FailureReason | None:
+    if not stat.S_ISREG(st.st_mode):
         return "not a regular file"
+    if st.st_size != entry.size:
+        return "size"  # without reading it
     try:
         size, sha = hash_file(path)
     except SealError:
