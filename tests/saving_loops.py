@@ -101,12 +101,54 @@ class DiesInsideSave(SavesItself):
 DIES_INSIDE_SAVE = 87
 
 
-class WritesADirectory(SavesItself):
-    """Saves into a subdirectory of the one it is given, which the commit protocol refuses."""
+class SavesATree(SavesItself):
+    """Saves as frameworks do, into subdirectories (Accelerate's sharded FSDP ``save_state``
+    writes ``pytorch_model_fsdp_0/`` and ``optimizer_0/``; DeepSpeed ``global_step<N>/``): the
+    model and the optimizer with the loop's state each in a directory of their own, one file
+    per rank, and a ``logs/`` directory it leaves empty and its load expects."""
+
+    def save(self, checkpoint_dir: str) -> None:
+        for sub in ("model", "optim", "logs"):
+            os.makedirs(os.path.join(checkpoint_dir, sub), exist_ok=True)  # every rank: no race
+        torch.save(self.model.state_dict(), self.part(checkpoint_dir, "model"))
+        state = {"optim": self.optimizer.state_dict(), **self.loop_state()}
+        torch.save(state, self.part(checkpoint_dir, "optim"))
+
+    def load(self, checkpoint_dir: str) -> None:
+        if not os.path.isdir(os.path.join(checkpoint_dir, "logs")):
+            raise FileNotFoundError("the checkpoint has no logs/ directory")
+        self.model.load_state_dict(
+            torch.load(self.part(checkpoint_dir, "model"), weights_only=True)
+        )
+        self.load_optimizer(checkpoint_dir)
+
+    def load_optimizer(self, checkpoint_dir: str) -> None:
+        state = torch.load(self.part(checkpoint_dir, "optim"), weights_only=True)
+        self.optimizer.load_state_dict(state["optim"])
+        self.load_loop_state(state)
+
+    def part(self, checkpoint_dir: str, sub: str) -> str:
+        return os.path.join(checkpoint_dir, sub, f"rank{self.rank}.pt")
+
+
+class IgnoresTheOptimizerDirectory(SavesATree):
+    """Saves the tree and loads only its model/: the optimizer, the schedule and the data
+    position in optim/ start afresh after a resume."""
+
+    def load_optimizer(self, checkpoint_dir: str) -> None:
+        pass
+
+
+# Past the depth a receipt holds (dcp_invariant.commit.receipt.MAX_DEPTH, 16 levels).
+TOO_DEEP = [f"d{level}" for level in range(17)]
+
+
+class NestsTooDeep(SavesItself):
+    """Saves 17 directories deep, which the commit protocol refuses to seal."""
 
     def path(self, checkpoint_dir: str) -> str:
-        os.makedirs(os.path.join(checkpoint_dir, "state"), exist_ok=True)
-        return os.path.join(checkpoint_dir, "state", f"rank{self.rank}.pt")
+        os.makedirs(os.path.join(checkpoint_dir, *TOO_DEEP), exist_ok=True)
+        return os.path.join(checkpoint_dir, *TOO_DEEP, f"rank{self.rank}.pt")
 
 
 class SavesOnly(Correct):
@@ -232,8 +274,16 @@ def dies_inside_save(rank: int, world_size: int) -> SavesItself:
     return DiesInsideSave(rank, world_size)
 
 
-def writes_a_directory(rank: int, world_size: int) -> SavesItself:
-    return WritesADirectory(rank, world_size)
+def saves_a_tree(rank: int, world_size: int) -> SavesATree:
+    return SavesATree(rank, world_size)
+
+
+def ignores_the_optimizer_directory(rank: int, world_size: int) -> SavesATree:
+    return IgnoresTheOptimizerDirectory(rank, world_size)
+
+
+def nests_too_deep(rank: int, world_size: int) -> SavesItself:
+    return NestsTooDeep(rank, world_size)
 
 
 def saves_only(rank: int, world_size: int) -> SavesOnly:

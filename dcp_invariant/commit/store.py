@@ -5,7 +5,7 @@ Layout under a store root::
     candidates/<label>/                 DCP writes here
     candidates/<label>.lineage.json     written by seal(): the pointer it was sealed on
     candidates/<label>.receipt.json     written by seal(), last: the candidate is sealed
-    generations/<receipt sha256>/       a promoted candidate, files and directory read-only
+    generations/<receipt sha256>/       a promoted candidate, files and directories read-only
     generations/<receipt sha256>.receipt.json
     generations/<receipt sha256>.lineage.json
     pointer.json                        names the current generation
@@ -109,6 +109,12 @@ class CheckpointStore:
         sealed = receipt.seal(directory, label, self.marker)
         for entry in sealed.files:
             durable.fsync(directory / entry.path)
+        # Each directory's entries, deepest first and the candidate's own last (a path sorts
+        # before those it is a prefix of): a crash after the promotion's rename must not lose a
+        # file whose name only a subdirectory's unflushed entries held (fsync(2): flushing a
+        # file does not flush the entry naming it).
+        for sub in reversed(sealed.directories):
+            durable.fsync(directory / sub)
         durable.fsync(directory)
         with self._locked():
             self._remove_leftovers()
@@ -198,7 +204,7 @@ class CheckpointStore:
         # or through a handle opened before promotion, the check sees in the final place. A
         # handle still open can write on (no permission stops it): resolve() checks before and
         # after every load for that reason.
-        _make_read_only(target)
+        _make_read_only(target, sealed)
         failures = receipt.check(target, sealed)
         if failures:
             raise PromotionRefused(label, failures)
@@ -423,16 +429,24 @@ def _is_real_directory(path: Path) -> bool:
         return False
 
 
-def _make_read_only(directory: Path) -> None:
-    """Clear the write bits of a generation's regular files, then of its directory.
+def _make_read_only(directory: Path, sealed: Receipt) -> None:
+    """Clear the write bits of a generation's regular files, then of its directories, deepest
+    first, the generation's own last.
 
     Through descriptors opened without following symlinks, so nothing outside the store is ever
-    changed; entries of any other kind are left for the receipt check to refuse.
+    changed; only the directories the receipt lists are entered, and only when ``lstat`` shows a
+    directory there; entries of any other kind are left for the receipt check to refuse.
     """
-    with os.scandir(directory) as it:
-        names = sorted(e.name for e in it if e.is_file(follow_symlinks=False))
-    for name in names:
+    directories = [d for d in sealed.directories if _is_real_directory(directory / d)]
+    files = []
+    for sub in ("", *directories):
+        with os.scandir(directory / sub) as it:
+            prefix = f"{sub}/" if sub else ""
+            files += [prefix + e.name for e in it if e.is_file(follow_symlinks=False)]
+    for name in sorted(files):
         _clear_write_bits(directory / name, directory=False)
+    for sub in reversed(directories):
+        _clear_write_bits(directory / sub, directory=True)
     _clear_write_bits(directory, directory=True)
 
 

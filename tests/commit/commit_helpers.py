@@ -37,8 +37,25 @@ def write_candidate(store: CheckpointStore, label: str) -> dict[str, bytes]:
     return files
 
 
+# An app's own save, as a framework writes it: files in subdirectories and a directory it made
+# and left empty (CheckpointStore(marker=None) seals it).
+NESTED_FILES = ("meta.json", "model/weights.pt", "optim/shards/__0_0.distcp")
+NESTED_DIRECTORIES = ("empty", "model", "optim", "optim/shards")
+
+
+def write_nested_candidate(store: CheckpointStore, label: str) -> dict[str, bytes]:
+    files = {name: f"{name} of {label}".encode() * 3 for name in NESTED_FILES}
+    directory = store.candidate(label)
+    for sub in NESTED_DIRECTORIES:
+        (directory / sub).mkdir(parents=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return files
+
+
 def commit(store: CheckpointStore, label: str) -> Generation:
-    write_candidate(store, label)
+    """Write, seal and promote ``label``: DCP-shaped, or nested for a store without a marker."""
+    (write_candidate if store.marker is not None else write_nested_candidate)(store, label)
     store.seal(label)
     return store.promote(label)
 

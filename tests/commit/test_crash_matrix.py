@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 from commit_helpers import (
+    NESTED_DIRECTORIES,
+    NESTED_FILES,
     SHARD0,
     SHARD1,
     Crash,
@@ -27,6 +29,7 @@ from commit_helpers import (
     commit,
     temporaries,
     write_candidate,
+    write_nested_candidate,
 )
 
 from dcp_invariant.commit import CheckpointStore, CommitError, Generation
@@ -51,45 +54,68 @@ def written(directory: str, name: str) -> list[tuple[str, str]]:
 
 
 FIRST_ONLY = "create generations/ (first promotion only)"
-STEPS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
-    "seal": [
-        (
-            "flush the candidate's files",
-            [("fsync", f"candidates/<label>/{n}") for n in (".metadata", SHARD0, SHARD1)]
-            + [("fsync", "candidates/<label>")],
-        ),
-        ("take the store lock", [("open for write", "store.lock")]),
-        ("write its lineage", written("candidates", "<label>.lineage.json")),
-        ("write its receipt", written("candidates", "<label>.receipt.json")),
-    ],
-    "promote": [
-        ("take the store lock", [("open for write", "store.lock")]),
-        (FIRST_ONLY, [("mkdir", "generations"), ("fsync", ".")]),
-        ("write the generation's receipt", written("generations", "<generation>.receipt.json")),
-        ("write the generation's lineage", written("generations", "<generation>.lineage.json")),
-        (
-            "move the candidate into generations/",
-            [
-                ("rename", "generations/<generation>"),
-                ("fsync", "generations"),
-                ("fsync", "candidates"),
-            ],
-        ),
-        (
-            "make it read-only",
-            [("chmod", f"generations/<generation>/{n}") for n in (".metadata", SHARD0, SHARD1)]
-            + [("chmod", "generations/<generation>")],
-        ),
-        ("write pointer.json", written(".", "pointer.json")),
-        (
-            "remove the seal",
-            [
-                ("unlink", "candidates/<label>.lineage.json"),
-                ("unlink", "candidates/<label>.receipt.json"),
-                ("fsync", "candidates"),
-            ],
-        ),
-    ],
+Steps = dict[str, list[tuple[str, list[tuple[str, str]]]]]
+
+
+def traced(files: tuple[str, ...], directories: tuple[str, ...]) -> Steps:
+    """The operations of a clean seal and promote of a candidate holding ``files`` and
+    ``directories`` (relative, sorted): every subdirectory is flushed before the candidate's own
+    entries and made read-only before it, deepest first."""
+    deepest_first = tuple(reversed(directories))
+    return {
+        "seal": [
+            (
+                "flush the candidate's files",
+                [("fsync", f"candidates/<label>/{n}") for n in files]
+                + [("fsync", f"candidates/<label>/{d}") for d in deepest_first]
+                + [("fsync", "candidates/<label>")],
+            ),
+            ("take the store lock", [("open for write", "store.lock")]),
+            ("write its lineage", written("candidates", "<label>.lineage.json")),
+            ("write its receipt", written("candidates", "<label>.receipt.json")),
+        ],
+        "promote": [
+            ("take the store lock", [("open for write", "store.lock")]),
+            (FIRST_ONLY, [("mkdir", "generations"), ("fsync", ".")]),
+            ("write the generation's receipt", written("generations", "<generation>.receipt.json")),
+            ("write the generation's lineage", written("generations", "<generation>.lineage.json")),
+            (
+                "move the candidate into generations/",
+                [
+                    ("rename", "generations/<generation>"),
+                    ("fsync", "generations"),
+                    ("fsync", "candidates"),
+                ],
+            ),
+            (
+                "make it read-only",
+                [("chmod", f"generations/<generation>/{n}") for n in files]
+                + [("chmod", f"generations/<generation>/{d}") for d in deepest_first]
+                + [("chmod", "generations/<generation>")],
+            ),
+            ("write pointer.json", written(".", "pointer.json")),
+            (
+                "remove the seal",
+                [
+                    ("unlink", "candidates/<label>.lineage.json"),
+                    ("unlink", "candidates/<label>.receipt.json"),
+                    ("fsync", "candidates"),
+                ],
+            ),
+        ],
+    }
+
+
+# "flat": a DCP save (.metadata and a shard per rank); "nested": an app's own save, sealed
+# without a marker, with files in subdirectories and an empty directory.
+SHAPES: dict[str, Steps] = {
+    "flat": traced((".metadata", SHARD0, SHARD1), ()),
+    "nested": traced(NESTED_FILES, NESTED_DIRECTORIES),
+}
+STEPS = SHAPES["flat"]
+# The directories a promotion makes read-only, which Windows gives no write bits.
+_DIRECTORIES = {"generations/<generation>"} | {
+    f"generations/<generation>/{d}" for d in NESTED_DIRECTORIES
 }
 
 
@@ -104,25 +130,24 @@ def on_this_platform(op: tuple[str, str]) -> bool:
     kind, path = op
     if sys.platform != "win32":
         return True
-    return not (kind == "fsync" and not path.endswith(".tmp")) and op != (
-        "chmod",
-        "generations/<generation>",
+    return not (kind == "fsync" and not path.endswith(".tmp")) and not (
+        kind == "chmod" and path in _DIRECTORIES
     )
 
 
-def steps(phase: str, start: str) -> list[tuple[str, tuple[str, str]]]:
+def steps(phase: str, start: str, shape: str = "flat") -> list[tuple[str, tuple[str, str]]]:
     """Each operation of a clean ``phase``, with the protocol step it belongs to."""
     return [
         (step, op)
-        for step, ops in STEPS[phase]
+        for step, ops in SHAPES[shape][phase]
         if start == "first" or step != FIRST_ONLY
         for op in ops
         if on_this_platform(op)
     ]
 
 
-def operations(phase: str, start: str) -> list[tuple[str, str]]:
-    return [op for _, op in steps(phase, start)]
+def operations(phase: str, start: str, shape: str = "flat") -> list[tuple[str, str]]:
+    return [op for _, op in steps(phase, start, shape)]
 
 
 POINTS = [
@@ -132,11 +157,18 @@ POINTS = [
     for index in range(len(operations(phase, start)))
     for mode in MODES
 ]
+# A nested save on top of a generation: what nesting adds is the same in an empty store.
+NESTED_POINTS = [
+    (phase, "next", index, mode)
+    for phase in ("seal", "promote")
+    for index in range(len(operations(phase, "next", "nested")))
+    for mode in MODES
+]
 
 
-def point_id(point: tuple[str, str, int, str]) -> str:
+def point_id(point: tuple[str, str, int, str], shape: str = "flat") -> str:
     phase, start, index, mode = point
-    kind, _ = operations(phase, start)[index]
+    kind, _ = operations(phase, start, shape)[index]
     return f"{start}-{phase}-{index:02d}-{kind.replace(' ', '_')}-{mode}"
 
 
@@ -150,13 +182,17 @@ def normalise(ops: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(kind, path.replace(LABEL, "<label>")) for kind, path in ops]
 
 
-def setup(root: Path, start: str, save: Any = None) -> tuple[CheckpointStore, Generation | None]:
-    store = CheckpointStore(root)
+def setup(
+    root: Path, start: str, save: Any = None, shape: str = "flat"
+) -> tuple[CheckpointStore, Generation | None]:
+    store = CheckpointStore(root, marker=None if shape == "nested" else ".metadata")
     previous = commit(store, "step-1") if start == "next" else None
-    if save is None:
-        write_candidate(store, LABEL)
-    else:
+    if save is not None:
         save(store.candidate(LABEL))
+    elif shape == "nested":
+        write_nested_candidate(store, LABEL)
+    else:
+        write_candidate(store, LABEL)
     return store, previous
 
 
@@ -168,9 +204,10 @@ def interrupt(
     index: int,
     mode: Mode,
     save: Any = None,
+    shape: str = "flat",
 ) -> Outcome:
     """Run seal then promote with the operation interrupted; check the invariant; retry."""
-    store, previous = setup(root, start, save)
+    store, previous = setup(root, start, save, shape)
     before = store.pointer_bytes()
     if phase == "promote":
         store.seal(LABEL)
@@ -191,6 +228,7 @@ def interrupt(
             assert store.resolve() == previous
     else:
         pointer = "new"
+        # resolve() verifies the whole tree: every file and directory, the empty one too.
         published = store.resolve()
         assert published.receipt.label == LABEL
     leftovers = bool(temporaries(store.root)) or _orphan_lineage(store)
@@ -209,6 +247,9 @@ def interrupt(
     assert sorted(p.name for p in store.candidates.iterdir()) == []
     expected = [generation.digest] if previous is None else [previous.digest, generation.digest]
     assert store.generation_names() == sorted(expected)
+    if shape == "nested":
+        assert generation.receipt.directories == NESTED_DIRECTORIES
+        assert (generation.path / "empty").is_dir()
     return Outcome(pointer, leftovers)
 
 
@@ -256,6 +297,35 @@ def test_an_interrupted_operation_keeps_the_invariant_and_a_retry_completes(
 ) -> None:
     phase, start, index, mode = point
     MEASURED[point] = interrupt(tmp_path / "store", monkeypatch, phase, start, index, mode)
+
+
+def test_the_traced_operations_of_a_nested_save_are_the_matrix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every subdirectory is flushed at seal, before the rename can publish it, and made
+    read-only at promotion."""
+    store, _ = setup(tmp_path / "store", "next", shape="nested")
+    injector = Injector(store.root)
+    with injector.patched(monkeypatch):
+        store.seal(LABEL)
+    assert normalise(injector.ops) == operations("seal", "next", "nested")
+    injector = Injector(store.root)
+    with injector.patched(monkeypatch):
+        store.promote(LABEL)
+    assert normalise(injector.ops) == operations("promote", "next", "nested")
+
+
+NESTED_MEASURED: dict[tuple[str, str, int, str], Outcome] = {}
+
+
+@pytest.mark.parametrize("point", NESTED_POINTS, ids=[point_id(p, "nested") for p in NESTED_POINTS])
+def test_an_interrupted_nested_promotion_keeps_the_invariant_and_a_retry_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: tuple[str, str, int, Mode]
+) -> None:
+    phase, start, index, mode = point
+    NESTED_MEASURED[point] = interrupt(
+        tmp_path / "store", monkeypatch, phase, start, index, mode, shape="nested"
+    )
 
 
 # --- a real torch.distributed.checkpoint save at three of the points ---------------------------
@@ -316,11 +386,11 @@ def test_a_real_dcp_save_interrupted_at_a_crash_point(
 # --- the matrix docs/commit-protocol.md shows -----------------------------------------------
 
 
-def render(measured: dict[tuple[str, str, int, str], Outcome]) -> str:
+def render(measured: dict[tuple[str, str, int, str], Outcome], shape: str = "flat") -> str:
     """Protocol steps by interruption: where the pointer was after it, and what was cleaned."""
     cells: dict[tuple[str, str], dict[str, list[Outcome]]] = {}
     for (phase, start, index, mode), outcome in measured.items():
-        step, _ = steps(phase, start)[index]
+        step, _ = steps(phase, start, shape)[index]
         cells.setdefault((phase, step), {m: [] for m in MODES})[mode].append(outcome)
     lines = [
         "| step | operations | crash before | crash after | I/O error (EIO) |",
@@ -354,4 +424,20 @@ def test_the_docs_matrix_is_what_the_crash_test_measured(
     print(table)
     assert table in COMMIT_PROTOCOL.read_text(encoding="utf-8"), (
         "replace the crash matrix in docs/commit-protocol.md with the table printed above"
+    )
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="measured where every operation exists")
+def test_the_docs_nested_matrix_is_what_the_crash_test_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n, point in enumerate(NESTED_POINTS):
+        if point not in NESTED_MEASURED:
+            NESTED_MEASURED[point] = interrupt(
+                tmp_path / f"s{n}", monkeypatch, *point, shape="nested"
+            )
+    table = render({p: NESTED_MEASURED[p] for p in NESTED_POINTS}, "nested")
+    print(table)
+    assert table in COMMIT_PROTOCOL.read_text(encoding="utf-8"), (
+        "replace the nested crash matrix in docs/commit-protocol.md with the table printed above"
     )

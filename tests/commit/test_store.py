@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from commit_helpers import (
+    NESTED_DIRECTORIES,
+    NESTED_FILES,
     SHARD0,
     SHARD1,
     commit,
     flip_byte,
     make_writable,
+    symlink_or_skip,
     write_candidate,
+    write_nested_candidate,
 )
 
 from dcp_invariant.commit import (
@@ -320,3 +325,107 @@ def test_the_retry_after_a_crash_leaves_the_generation_read_only(
     store.promote("step-1")
     for path in (store.generations / sealed.digest).iterdir():
         assert not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+
+
+# --- an app's own save, nested (marker=None) ----------------------------------------------
+
+
+@pytest.fixture
+def app_store(tmp_path: Path) -> CheckpointStore:
+    return CheckpointStore(tmp_path / "store", marker=None)
+
+
+def tree_of(root: Path) -> tuple[dict[str, bytes], list[str]]:
+    """Files by relative path with their bytes, and every directory, as the generation holds them."""
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    directories = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir())
+    return files, directories
+
+
+def test_a_nested_save_is_promoted_as_the_app_wrote_it(app_store: CheckpointStore) -> None:
+    """Every file at its depth and the directory the app left empty, which its load may expect."""
+    files = write_nested_candidate(app_store, "step-1")
+    sealed = app_store.seal("step-1")
+    generation = app_store.promote("step-1")
+    assert tree_of(generation.path) == (files, list(NESTED_DIRECTORIES))
+    assert [f.path for f in sealed.files] == list(NESTED_FILES)
+    assert app_store.resolve() == generation
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows gives directories no write bits")
+def test_every_directory_of_a_nested_generation_is_read_only(app_store: CheckpointStore) -> None:
+    generation = commit(app_store, "step-1")
+    for path in [generation.path, *generation.path.rglob("*")]:
+        assert path.stat().st_mode & 0o222 == 0, path
+
+
+def writable(*paths: Path) -> None:
+    for path in paths:
+        make_writable(path)
+
+
+def flip_nested(d: Path) -> None:
+    writable(d / "optim" / "shards" / "__0_0.distcp")
+    flip_byte(d / "optim" / "shards" / "__0_0.distcp")
+
+
+def plant_in_empty(d: Path) -> None:
+    writable(d / "empty")
+    (d / "empty" / "evil.pkl").write_bytes(b"")
+
+
+def remove_empty(d: Path) -> None:
+    writable(d)
+    (d / "empty").rmdir()
+
+
+def model_to_symlink(d: Path) -> None:
+    # The same bytes, outside the generation, behind a link: never followed.
+    writable(d, d / "model")
+    outside = d.parent.parent / "outside"
+    (d / "model").rename(outside)
+    symlink_or_skip(d / "model", outside)
+
+
+NESTED_TAMPER = [
+    ("flipped-byte", flip_nested, [Failure("optim/shards/__0_0.distcp", "digest")]),
+    ("planted", plant_in_empty, [Failure("empty/evil.pkl", "unexpected")]),
+    ("empty-dir-removed", remove_empty, [Failure("empty", "missing")]),
+    (
+        "dir-to-symlink",
+        model_to_symlink,
+        [Failure("model", "missing"), Failure("model/weights.pt", "missing")],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "failures"), [t[1:] for t in NESTED_TAMPER], ids=[t[0] for t in NESTED_TAMPER]
+)
+def test_resolve_refuses_a_tampered_nested_generation_before_any_load(
+    app_store: CheckpointStore, tamper: Callable[[Path], None], failures: list[Failure]
+) -> None:
+    """resolve() is what every rank calls before the app's load(): a nested file changed after
+    promotion never reaches it."""
+    generation = commit(app_store, "step-1")
+    tamper(generation.path)
+    with pytest.raises(ReceiptMismatch) as info:
+        app_store.resolve()
+    assert info.value.failures == failures
+
+
+def test_promote_refuses_a_nested_candidate_damaged_after_sealing(
+    app_store: CheckpointStore,
+) -> None:
+    write_nested_candidate(app_store, "step-1")
+    app_store.seal("step-1")
+    (app_store.candidate("step-1") / "model" / "weights.pt").write_bytes(b"rewritten")
+    (app_store.candidate("step-1") / "optim" / "late").mkdir()
+    with pytest.raises(PromotionRefused) as info:
+        app_store.promote("step-1")
+    assert info.value.failures == [
+        Failure("optim/late", "unexpected"),
+        Failure("model/weights.pt", "size"),
+    ]
+    assert app_store.read_pointer() is None
+    assert app_store.generation_names() == []

@@ -97,3 +97,30 @@ def test_a_sealed_candidate_is_checked_against_its_receipt(tmp_path: Path) -> No
 def test_a_plain_directory_has_no_receipt(tmp_path: Path, name: str) -> None:
     directory = make_checkpoint(tmp_path / name, 1)
     assert generation.check(directory) is None
+
+
+def test_a_nested_generation_of_an_apps_own_save_is_checked_by_relative_path(
+    tmp_path: Path,
+) -> None:
+    """An app's own save, a tree (no .metadata, so DCP's side of inspect has nothing to read):
+    its receipt check walks every directory, the empty one included."""
+    store = CheckpointStore(tmp_path / "store", marker=None)
+    candidate = store.candidate("step-1")
+    (candidate / "model").mkdir(parents=True)
+    (candidate / "empty").mkdir()
+    (candidate / "model" / "weights.pt").write_bytes(b"weights")
+    store.seal("step-1")
+    directory = store.promote("step-1").path
+    checked = generation.check(directory)
+    assert checked is not None and (checked.files, checked.problems) == (1, ())
+
+    writable(directory)
+    writable(directory / "model")
+    (directory / "empty").rmdir()
+    (directory / "model" / "notes.txt").write_bytes(b"x")
+    checked = generation.check(directory)
+    assert checked is not None
+    assert [str(p) for p in checked.problems] == [
+        "receipt mismatch: model/notes.txt: not listed by the receipt",
+        "receipt mismatch: empty: listed by the receipt, missing",
+    ]

@@ -411,10 +411,11 @@ def test_an_app_without_state_is_judged_by_its_losses_and_its_save_and_load_name
         f"{APP_ROUND_TRIP}: resumed rank 0: the app's own load() raised FileNotFoundError on "
         "the checkpoint its save() wrote; its traceback is in the worker's log"
     ], reasons
-    reasons = derive("writes_a_directory", ["resume_1"], (1,), module="saving_loops")
+    reasons = derive("nests_too_deep", ["resume_1"], (1,), module="saving_loops")
     assert reasons["resume_1"] == [
-        "the app's save() cannot be sealed: commit: state: is a directory; a checkpoint may "
-        "hold regular files only",
+        "the app's save() cannot be sealed: commit: d0/d1/d2/d3/d4/d5/d6/d7/d8/d9/d10/d11/d12/"
+        "d13/d14/d15/d16: a directory 17 levels deep; a checkpoint's directories may nest at "
+        "most 16 levels",
         "target: did not run",  # nothing was promoted to load
     ], reasons
 
@@ -441,6 +442,27 @@ def test_an_app_that_saves_async_is_waited_for_after_the_next_step() -> None:
     reasons = derive("writes_when_waited_for", ["async_resume_2"], (2,), module="saving_loops")
     during = [r for r in reasons["async_resume_2"] if r.startswith("changed during the save: ")]
     assert len(during) == 2 and "the app's save() returned before it had copied" in during[0]
+
+
+def test_an_app_that_saves_a_tree_is_committed_loaded_and_cut_short_as_it_wrote_it() -> None:
+    """Files in subdirectories and a directory left empty, as frameworks write them: sealed and
+    promoted as a tree, loaded in fresh processes at one and two ranks (its load() refuses a
+    checkpoint without the empty directory), and cut short by relative path. A load() that
+    skips one subdirectory is named by the keys it leaves unrestored."""
+    reasons, observations = fixture_runs.run(
+        "saving_loops:saves_a_tree", ["resume_2", "half_written_2"], (2,)
+    )
+    assert reasons == {"resume_2": [], "half_written_2": []}, reasons
+    files = [f["path"] for f in observations["resume_2"]["commit"]["files"]]
+    assert files == ["model/rank0.pt", "model/rank1.pt", "optim/rank0.pt", "optim/rank1.pt"]
+    assert observations["half_written_2"]["cut"] == {
+        "kept": ["model/rank0.pt", "model/rank1.pt"],
+        "truncated": "optim/rank0.pt",
+        "left_out": ["optim/rank1.pt"],
+    }
+    reasons = derive("ignores_the_optimizer_directory", ["resume_1"], (1,), module="saving_loops")
+    lost = [r for r in reasons["resume_1"] if r.startswith(f"{APP_ROUND_TRIP}: rank 0: app.optim")]
+    assert lost, reasons
 
 
 def test_a_rank_killed_inside_the_apps_save_leaves_nothing_to_load(tmp_path: Path) -> None:

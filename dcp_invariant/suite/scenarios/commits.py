@@ -12,7 +12,8 @@ import stat
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from dcp_invariant.commit import CheckpointStore, Failure, PromotionRefused, SealError
+from dcp_invariant import canonical, dcp_layout
+from dcp_invariant.commit import CheckpointStore, Failure, PromotionRefused, SealError, receipt
 from dcp_invariant.evidence.families.records import CommitRecord, FailureRecord, FileSize
 
 
@@ -105,12 +106,26 @@ def _failures(failures: list[Failure]) -> list[FailureRecord]:
 
 
 def _listing(directory: Path) -> list[FileSize]:
-    """Regular files in a candidate that could not be sealed: what a crashed writer left."""
+    """Regular files in a candidate that could not be sealed, at any depth, by relative path:
+    what a crashed writer left. Symlinks are never followed, directories entered no deeper than
+    a receipt's, and as many files listed as a commit record holds."""
     if not directory.is_dir():
         return []
     out: list[FileSize] = []
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode):
-            out.append({"path": entry.name, "size": st.st_size})
-    return out
+    pending = [("", directory)]
+    while pending:
+        prefix, here = pending.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = list(it)
+        except OSError:
+            continue  # vanished or unreadable: the seal's error says what it met
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            rel = prefix + entry.name
+            if stat.S_ISREG(st.st_mode):
+                out.append({"path": canonical.printable(rel), "size": st.st_size})
+            elif stat.S_ISDIR(st.st_mode) and rel.count("/") < receipt.MAX_DEPTH:
+                pending.append((f"{rel}/", Path(entry.path)))
+    out.sort(key=lambda f: f["path"])
+    return out[: dcp_layout.MAX_FILES]

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dcp_invariant.commit import Generation
 from dcp_invariant.evidence.families.records import CutRecord
 from dcp_invariant.suite.scenarios.common import ScenarioContext
 from dcp_invariant.suite.scenarios.payloads import FIXTURE_LOAD_CUT, FixtureLoadCut
@@ -25,20 +26,25 @@ from dcp_invariant.suite.scenarios.reshard import source_committed
 CUT = "cut-short"  # the copy, in the scenario's workspace
 
 
-def cut_short(generation: Path, target: Path) -> CutRecord:
-    """A copy of ``generation`` as a save killed midway leaves it, the same every run: of its
-    files in name order, the first half whole, the next one cut to half its bytes, the rest
-    never written. (A real crash leaves some such mix; the order names make it repeatable.)"""
-    names = sorted(p.name for p in generation.iterdir())
+def cut_short(generation: Generation, target: Path) -> CutRecord:
+    """A copy of ``generation`` as a save killed midway leaves it, the same every run: every
+    directory it holds made (a save makes a directory before it writes into it), and of its
+    files in name order (their paths relative to its root, as its receipt lists them), the
+    first half whole, the next one cut to half its bytes, the rest never written. (A real crash
+    leaves some such mix; the order names make it repeatable.)"""
+    files = generation.receipt.files
+    names = [f.path for f in files]
     half = len(names) // 2
     target.mkdir()
+    # Sorted, so each directory's parent is made first.
+    for sub in generation.receipt.directories:
+        (target / sub).mkdir()
     for name in names[:half]:
-        shutil.copyfile(generation / name, target / name)
-    cut = names[half]
-    size = (generation / cut).stat().st_size
-    with open(generation / cut, "rb") as source, open(target / cut, "wb") as sink:
-        sink.write(source.read(size // 2))
-    return {"kept": names[:half], "truncated": cut, "left_out": names[half + 1 :]}
+        shutil.copyfile(generation.path / name, target / name)
+    cut = files[half]
+    with open(generation.path / cut.path, "rb") as source, open(target / cut.path, "wb") as sink:
+        sink.write(source.read(cut.size // 2))
+    return {"kept": names[:half], "truncated": cut.path, "left_out": names[half + 1 :]}
 
 
 def run(ctx: ScenarioContext) -> dict[str, Any]:
@@ -55,7 +61,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         if not source_committed(ctx, obs, None):
             return obs
         generation = ctx.store.resolve()
-        obs["cut"] = cut_short(generation.path, ctx.workdir / CUT)
+        obs["cut"] = cut_short(generation, ctx.workdir / CUT)
         payload: FixtureLoadCut = {
             "shape": the_plan.shape,
             "directory": ctx.written(CUT),
