@@ -239,6 +239,65 @@ class RestoresRngLate(Correct):
         return super().step()
 
 
+class EpochSampler:
+    """What a loop keeps of DistributedSampler: the epoch its shuffle is seeded by."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class EpochNotSaved(Correct):
+    """Reshuffles every half pass, seeded by the sampler's epoch (as DistributedSampler's
+    set_epoch does), and saves the order and the cursor but not the epoch: after a resume the
+    next epoch is shuffled as the first was."""
+
+    EPOCH = SAMPLES // 2
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.sampler = EpochSampler()
+        self.cursor = self.EPOCH  # the first step starts epoch 1
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cursor >= self.EPOCH:
+            self.sampler.set_epoch(self.sampler.epoch + 1)
+            shuffle = torch.Generator().manual_seed(SEED + self.sampler.epoch)
+            self.order, self.cursor = torch.randperm(SAMPLES, generator=shuffle), 0
+        return super().batch()
+
+
+class AveragesUnsaved(Correct):
+    """Trains through a GradScaler and keeps an EMA of the model (AveragedModel), and saves
+    neither: every loss resumes exactly (the scale is a power of two, the EMA never reaches the
+    loss), yet after a resume the scaler starts over and the EMA restarts from the model."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=1)
+        self.ema = torch.optim.swa_utils.AveragedModel(
+            self.model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9)
+        )
+
+    def step(self) -> float:
+        inputs, targets = self.batch()
+        loss = (self.model(inputs) - targets).square().mean()
+        self.optimizer.zero_grad()
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        self.reduce_gradients()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM, foreach=True)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.ema.update_parameters(self.model)
+        total = loss.detach()
+        dist.all_reduce(total)
+        return float(total) / self.world_size
+
+
 class Nondeterministic(Correct):
     """Adds input noise from a generator seeded from os.urandom at every step: two identical
     uninterrupted runs differ, everything else is correct."""
@@ -566,6 +625,14 @@ def narrowed_dtype(rank: int, world_size: int) -> Correct:
 
 def restores_rng_late(rank: int, world_size: int) -> Correct:
     return RestoresRngLate(rank, world_size)
+
+
+def epoch_not_saved(rank: int, world_size: int) -> Correct:
+    return EpochNotSaved(rank, world_size)
+
+
+def averages_unsaved(rank: int, world_size: int) -> Correct:
+    return AveragesUnsaved(rank, world_size)
 
 
 def nondeterministic(rank: int, world_size: int) -> Correct:

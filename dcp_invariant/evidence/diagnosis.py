@@ -202,9 +202,11 @@ def step_divergence(
     steps_before: int,
     loaded_equals_saved: bool,
     outside: tuple[str, str] = (OUTSIDE_STATE_DICT, SUSPECTS),
+    objects: str = "",
 ) -> list[str]:
     """The first resumed step whose loss or state differs from the uninterrupted run;
-    ``outside``: the cause and advice when what was loaded equals what was saved."""
+    ``outside``: the cause and advice when what was loaded equals what was saved; ``objects``:
+    the app's attributes that differ after the load, named before the advice."""
     for index, (want, got) in enumerate(zip(reference, resumed, strict=False), start=1):
         keys = differing_keys(want["keys"], got["keys"])
         if want["loss"] == got["loss"] and not keys:
@@ -223,7 +225,10 @@ def step_divergence(
             ]
         cause, advice = outside
         lead = "loaded == saved, but" if cause == OUTSIDE_STATE_DICT else "after the app's load(),"
-        reasons = [f"{cause}: {where}: {lead} {step} differs: " + "; ".join(facts) + f"; {advice}"]
+        found = f"; {objects}" if objects else ""
+        reasons = [
+            f"{cause}: {where}: {lead} {step} differs: " + "; ".join(facts) + f"{found}; {advice}"
+        ]
         if any(re.search(r"\.param_groups\.\d+\.lr$", k) for k in keys):
             reasons.append(
                 f"{OUTSIDE_STATE_DICT}: {where}: the learning rate itself differs after {step}: an LR "

@@ -69,6 +69,29 @@ FREE_FIELDS: tuple[FreeField, ...] = (
         "as above, and a rank's loss may be its own (its own data): only its finiteness is checked",
     ),
     FreeField(
+        "observations/*.json",
+        "reference.ranks[].objects.*",
+        "the app's own objects: a fingerprint edited in one uninterrupted arm reads as an "
+        "attribute the two arms disagree on (a timestamp, say), which is never named",
+    ),
+    FreeField(
+        "observations/*.json",
+        "repeat.ranks[].objects.*",
+        "as above, for the other uninterrupted arm",
+    ),
+    FreeField(
+        "observations/*.json",
+        "target.ranks[].objects.*",
+        "right after the load they only name a cause in a reason that fails on its own; at the "
+        "end only the app's tensors and generators are judged, not its numbers, strings or the "
+        "global RNGs",
+    ),
+    FreeField(
+        "observations/reshard_*.json",
+        "source.ranks[].objects.*",
+        "a reshard compares no object: the source's world size is not the target's",
+    ),
+    FreeField(
         "observations/rank_exit_no_promotion.json",
         "candidate.seal_error",
         "the commit protocol's wording; what it says (not sealed, no .metadata among the "

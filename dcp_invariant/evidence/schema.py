@@ -12,13 +12,16 @@ from dcp_invariant.plan import SCENARIO_NAMES, Plan
 
 SCHEMA_VERSION = 2  # the registered suite's artifact
 # A fixture run's: per-key state records, the plan in provenance, since 4 the programs its
-# groups left running, and since 5 the fixture's arguments and rank-local components in the
-# plan, what a reshard left out and why a load failed (older ones are refused, not guessed at).
-FIXTURE_SCHEMA_VERSION = 5
+# groups left running, since 5 the fixture's arguments and rank-local components in the plan,
+# what a reshard left out and why a load failed, and since 7 the fingerprints of the app's own
+# objects (ranks/app_objects.py). Older ones are refused by name, not guessed at.
+FIXTURE_SCHEMA_VERSION = 7
 # A run inside the user's torchrun job: a fixture run's records, and the job's launch (nodes,
-# processes per node, backend) in the plan.
-IN_JOB_SCHEMA_VERSION = 6
+# processes per node, backend) in the plan; since 8 the app's objects too.
+IN_JOB_SCHEMA_VERSION = 8
 VERSIONS = (SCHEMA_VERSION, FIXTURE_SCHEMA_VERSION, IN_JOB_SCHEMA_VERSION)
+# Versions earlier releases wrote (6: a torchrun job's, 5 and before: a fixture run's).
+RETIRED_VERSIONS = (3, 4, 5, 6)
 MAX_FILE_BYTES = 1 << 20  # observations are a few KiB; anything near this is not ours
 # A fixture run records every key of the user's state at every phase: bounded, but larger.
 MAX_FIXTURE_FILE_BYTES = 32 << 20

@@ -317,10 +317,17 @@ def _check_provenance(
     versions = schema.VERSIONS
     if not isinstance(record, dict) or record.get("schema_version") not in versions:
         version = record.get("schema_version") if isinstance(record, dict) else None
-        problems.append(
-            f"{schema.PROVENANCE_FILE}: unknown schema version {version!r}; "
-            f"this verifier reads versions {list(versions)}"
-        )
+        if version in schema.RETIRED_VERSIONS and type(version) is int:
+            problems.append(
+                f"{schema.PROVENANCE_FILE}: schema version {version} was written by an earlier "
+                "dcp-invariant, whose records this one does not read; run the checks again "
+                f"with this release (it writes versions {list(versions)})"
+            )
+        else:
+            problems.append(
+                f"{schema.PROVENANCE_FILE}: unknown schema version {version!r}; "
+                f"this verifier reads versions {list(versions)}"
+            )
         return plan.REGISTERED, None
     shape = provenance.shape_problems(record)
     problems += shape

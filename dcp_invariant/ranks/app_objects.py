@@ -90,6 +90,7 @@ class _Walk:
     def __init__(self) -> None:
         self.found: dict[str, str] = {}
         self._seen: set[int] = set()
+        self._open: set[int] = set()  # the containers on the path being walked
         # Everything walked stays referenced until the walk ends: an id in _seen is then never
         # reused by a later object (the optimizer's views below are made for the walk).
         self._kept: list[Any] = []
@@ -107,15 +108,24 @@ class _Walk:
             return
         if isinstance(value, torch.utils.data.dataloader._BaseDataLoaderIter):
             return  # a loader's live iterator: worker processes and queues, rebuilt each epoch
-        if id(value) in self._seen:
-            return  # walked already, at the first path that reached it
-        self._seen.add(id(value))
-        self._kept.append(value)
-        if depth >= MAX_DEPTH:
-            self.found[path] = f"{type(value).__name__} (deeper than {MAX_DEPTH})"
+        # An object (a module, an optimizer, a sampler) is walked once, at the first path that
+        # reaches it. A container is walked at every path, and only a cycle through it ends
+        # there: whether two attributes share one tuple or dict (an optimizer's defaults and
+        # its param_groups' betas do, until a load copies them) is not state.
+        container = isinstance(value, (Mapping, list, tuple))
+        if id(value) in (self._open if container else self._seen):
             return
-        for name, child in _children(value):
-            self.visit(child, f"{path}.{name}", depth + 1)
+        (self._open if container else self._seen).add(id(value))
+        self._kept.append(value)
+        try:
+            if depth >= MAX_DEPTH:
+                self.found[path] = f"{type(value).__name__} (deeper than {MAX_DEPTH})"
+                return
+            for name, child in _children(value):
+                self.visit(child, f"{path}.{name}", depth + 1)
+        finally:
+            if container:
+                self._open.discard(id(value))
 
 
 def _opaque_module(value: Any) -> bool:
@@ -132,8 +142,9 @@ def _leaf(value: Any) -> str | None:
     if isinstance(value, float):
         return f"float {value.hex()}"
     if isinstance(value, str):
-        # Never shown: a string may be a path, a host or a user name (evidence holds none).
-        return f"str {_digest(value)}"
+        # By kind alone: a string may be a path, a host or a user name (evidence holds none),
+        # or a checkpoint's directory whose name differs from run to run; none steers a step.
+        return "str"
     if isinstance(value, (bytes, bytearray)):
         return f"bytes {hashlib.sha256(value).hexdigest()}"
     if isinstance(value, torch.Tensor):

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict_saver import (
 )
 
 from dcp_invariant.plan import AppShape
-from dcp_invariant.ranks import checkpointing, state_keys
+from dcp_invariant.ranks import app_objects, checkpointing, state_keys
 from dcp_invariant.ranks.tasks import load_through_pointer
 from dcp_invariant.suite.fixture import (
     Anchored,
@@ -167,7 +167,13 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
     n = payload["steps_before"]
     app = build_app(spec, rank, world_size, payload["fixture_args"])
     checkpointing.expect(app, payload["shape"])
-    record: dict[str, Any] = {"losses_before": [], "rank": rank, "saved": None, "steps": []}
+    record: dict[str, Any] = {
+        "losses_before": [],
+        "objects": {"final": None, "saved": None},
+        "rank": rank,
+        "saved": None,
+        "steps": [],
+    }
     for step in range(1, n + 1):
         loss = _loss(spec, app)
         record["losses_before"].append(loss.hex())
@@ -178,13 +184,15 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
     if mode is None:
         checkpointing.save(app, payload["checkpoint"])
         record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
-    elif mode == "app":
-        record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
-        record["async"] = _own_save_while_stepping(spec, app, payload, record, rank)
+        record["objects"]["saved"] = _objects(app, payload["objects"])
     else:
         # The state at the save is what the checkpoint must hold, whatever comes after.
         record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
-        record["async"] = _save_while_stepping(spec, app, payload, record, rank, mode)
+        record["objects"]["saved"] = _objects(app, payload["objects"])
+        if mode == "app":
+            record["async"] = _own_save_while_stepping(spec, app, payload, record, rank)
+        else:
+            record["async"] = _save_while_stepping(spec, app, payload, record, rank, mode)
     report(record)
     if record["steps"]:
         _stop_if_not_finite(float.fromhex(record["steps"][0]["loss"]), f"step {n + 1}")
@@ -194,6 +202,14 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
         _stop_if_not_finite(loss, f"step {n + step}")
+    record["objects"]["final"] = _objects(app, payload["objects"])
+    report(record)
+
+
+def _objects(app: Anchored, wanted: bool) -> dict[str, str] | None:
+    """The fingerprints of the user's app object (not of the tool's wrapper around it), where
+    a later rule compares them."""
+    return app_objects.fingerprints(app.app) if wanted else None
 
 
 class _GatedWriter(FileSystemWriter):  # type: ignore[misc]  # torch is Any to mypy (pyproject.toml)
@@ -356,7 +372,7 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
     record = load_through_pointer(
         payload["store"], checkpointing.loader(app, loadable), rank, record_load_error=True
     )
-    record.update(loaded=None, steps=[], diffs=[])
+    record.update(loaded=None, steps=[], diffs=[], objects={"final": None, "loaded": None})
     record.setdefault("load_error", None)
     if not record["verified_before_load"] or record["load_error"] is not None:
         report(record)
@@ -368,6 +384,9 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
     record["loaded"] = _compare(
         spec, app, reference, source_rank, "saved", "loaded", record["diffs"]
     )
+    # After state_dict() was read, as the arms' are after theirs: a lazy initialisation it does
+    # (FSDP's, say) is then on both sides.
+    record["objects"]["loaded"] = _objects(app, payload["compare_steps"])
     report(record)
     for step in range(1, payload["steps_after"] + 1):
         loss = _loss(spec, app)
@@ -379,6 +398,8 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
         _stop_if_not_finite(loss, f"resumed step {step}")
+    record["objects"]["final"] = _objects(app, payload["compare_steps"])
+    report(record)
 
 
 def fixture_load_cut(rank: int, world_size: int, payload: FixtureLoadCut, report: Reporter) -> None:

@@ -138,6 +138,17 @@ def _replace(root: Any, path: tuple[Any, ...], new: Any) -> Any:
     return old
 
 
+# The app's objects of one phase (``...objects.final.app.model.0.weight``): one field, whatever
+# the attribute. A walk records dozens to thousands of attributes per rank and phase, all held
+# to the same comparisons (evidence/object_causes.py), so sampling each attribute as a field
+# of its own would only multiply the edits.
+_OBJECTS = re.compile(r"(\.objects\.(?:saved|loaded|final))\..*")
+
+
+def _field(shown: str) -> str:
+    return _OBJECTS.sub(r"\1.*", shown)
+
+
 def count(files: dict[str, bytes]) -> int:
     """How many edits :func:`mutations` would make, without making them."""
     total = 0
@@ -169,7 +180,7 @@ def mutations(files: dict[str, bytes], per_field: int | None = None) -> Iterator
                 continue
             edits = list_edits(value) if isinstance(value, list) else leaf_edits(value)
             for edit, new in edits:
-                field = (rel, shown_path(path), edit)
+                field = (rel, _field(shown_path(path)), edit)
                 if per_field is not None and made.get(field, 0) >= per_field:
                     continue
                 made[field] = made.get(field, 0) + 1

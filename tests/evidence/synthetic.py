@@ -43,6 +43,14 @@ def keys(w: int, step: int) -> dict[str, str]:
     return {k: f"{kind} {_hex(w, step, k)}" for k, kind in KEYS.items()}
 
 
+def objects(w: int, step: int) -> dict[str, str]:
+    """The app's attributes after ``step`` steps: its model's tensors and a step counter."""
+    return {
+        **{k.replace("app.", "app.state.", 1): v for k, v in keys(w, step).items()},
+        "app.steps": f"int {step}",
+    }
+
+
 def files(w: int) -> list[dict[str, Any]]:
     names = [dcp_layout.METADATA_FILE] + [f"__{r}_0.distcp" for r in range(w)]
     return [{"path": n, "size": s} for n, s in zip(names, SIZES[w], strict=True)]
@@ -70,6 +78,7 @@ def train_group(w: int, steps_after: int) -> dict[str, Any]:
     ranks = [
         {
             "losses_before": [_loss(w, s) for s in range(1, n + 1)],
+            "objects": {"final": objects(w, n + steps_after), "saved": objects(w, n)},
             "rank": r,
             "saved": keys(w, n),
             "steps": [
@@ -90,6 +99,7 @@ def resume_group(a: int, b: int, compare: bool) -> dict[str, Any]:
             "load_error": None,
             "generation": "receipt-1",
             "loaded": keys(a, n),
+            "objects": {"final": objects(b, n + k), "loaded": objects(a, n)},
             "rank": r,
             "refused": [],
             "steps": [

@@ -784,7 +784,7 @@ SHAPES = [
         "training_1_to_1",
         "true for the schema version",
         setter("schema_version", value=True),
-        "schema_version: expected one of [2, 5, 6], got True",
+        "schema_version: expected one of [2, 7, 8], got True",
     ),
     (
         "training_1_to_1",

@@ -112,6 +112,7 @@ def _train_commit_resume(
     shape = plan.own_shape() if shape is None else shape
     trained: list[dict[str, Any]] = []
     train: FixtureTrain = {
+        "objects": True,
         "checkpoint": "store/candidates/step-3",
         "shape": shape,
         "fixture": spec,

@@ -70,6 +70,7 @@ def test_a_rank_records_its_own_failure_by_kind(
         "load_error": record,
         "steps": [],
         "diffs": [],
+        "objects": {"final": None, "loaded": None},
     }
     assert shape(rank_record, "rank") == []
 

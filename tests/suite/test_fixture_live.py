@@ -213,6 +213,38 @@ def test_a_generator_restored_at_the_first_step_is_named_restored_late() -> None
     )
 
 
+def test_a_sampler_epoch_left_out_of_state_dict_is_named_by_its_attribute() -> None:
+    """The step after the next reshuffle differs; the reason names the attribute, with the
+    values it held at the save and after the load, and the fix, before the generic advice."""
+    (reason,) = derive("epoch_not_saved", ["resume_1"], (1,))["resume_1"]
+    assert reason.startswith(
+        "state outside state_dict(): rank 0: loaded == saved, but step 5 (resumed step 2) differs"
+    ), reason
+    assert (
+        "the app's objects that differ right after the load: app.sampler.epoch (saved int 2, "
+        "loaded int 0) (likely a sampler's or loader's epoch is not restored: save it, and call "
+        "sampler.set_epoch(epoch) after the load)"
+    ) in reason, reason
+    assert reason.index("app.sampler.epoch") < reason.index("check what steers the next step")
+
+
+def test_a_scaler_and_an_ema_no_loss_shows_are_caught_at_the_end() -> None:
+    """Every loss resumes exactly; the app's tensors after the K steps do not."""
+    (reason,) = derive("averages_unsaved", ["resume_1"], (1,))["resume_1"]
+    assert reason.startswith(
+        "state outside state_dict(): rank 0: every resumed step matches, yet after the 3 "
+        "resumed steps the app's "
+    ), reason
+    for named in (
+        "app.ema.module.0.weight (float32[16,16], differs)",
+        "app.ema.n_averaged (int64[], differs)",
+        "app.scaler._scale (float32[], differs)",
+        "a loss scaler (GradScaler) is not saved",
+        "an EMA or averaged model is not saved",
+    ):
+        assert named in reason, reason
+
+
 def test_reset_adam_step_counters_are_named_key_by_key() -> None:
     reasons = derive("adam_step_reset", ["resume_1"])["resume_1"]
     steps = [

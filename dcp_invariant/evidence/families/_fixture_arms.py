@@ -57,6 +57,32 @@ def key_records(value: Any, where: str) -> list[str]:
     return problems
 
 
+# The app's own objects (dcp_invariant/ranks/app_objects.py): a fingerprint by attribute path,
+# a number's own value or a kind and digest, printable and short.
+_OBJECT_ENTRY = re.compile(r"[\x20-\x7e]{1,200}")
+_MAX_OBJECTS = 20_000 + 16  # the walk's attributes, and the global RNGs
+
+
+def object_records(value: Any, where: str) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{where}: expected an object of fingerprints, got {type_name(value)}"]
+    if len(value) > _MAX_OBJECTS:
+        return [f"{where}: more than {_MAX_OBJECTS} attributes"]
+    problems = []
+    for path, entry in value.items():
+        if not _KEY_PATH.fullmatch(path):
+            problems.append(f"{where}: invalid attribute path {path!r}")
+        elif not isinstance(entry, str) or not _OBJECT_ENTRY.fullmatch(entry):
+            problems.append(
+                f"{where}.{path}: expected a short printable fingerprint, got {entry!r}"
+            )
+    return problems
+
+
+def _objects_at(*phases: str) -> Check:
+    return record(**{phase: optional(object_records) for phase in phases})
+
+
 _steps = list_of(record(keys=key_records, loss=float_hex), plan.MAX_STEPS)
 
 # What a rank of an arm that trained N steps, saved and took K more reports.
@@ -65,6 +91,7 @@ _train_fields: dict[str, Check] = {
     "losses_before": list_of(float_hex, plan.MAX_STEPS),
     "saved": optional(key_records),
     "steps": _steps,
+    "objects": _objects_at("saved", "final"),
 }
 
 fixture_train_rank = record(**_train_fields)
@@ -72,6 +99,7 @@ fixture_train_rank = record(**_train_fields)
 fixture_resume_rank = record(
     **load_fields,
     loaded=optional(key_records),
+    objects=_objects_at("loaded", "final"),
     load_error=optional(
         record(kind=one_of(*plan.LOAD_FAILURES), key=optional(string), exception=optional(string))
     ),

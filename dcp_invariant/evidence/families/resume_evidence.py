@@ -4,7 +4,7 @@ match the uninterrupted run's next steps."""
 from __future__ import annotations
 
 from dcp_invariant import plan
-from dcp_invariant.evidence import diagnosis
+from dcp_invariant.evidence import diagnosis, object_causes
 from dcp_invariant.evidence.checks import optional, record
 from dcp_invariant.evidence.families._fixture_arms import (
     fixture_arm,
@@ -87,19 +87,74 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     cause_1 += load_failures(scenario, target["ranks"], lambda r: f"resumed rank {r}")
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
+    repeat = {r["rank"]: r for r in obs["repeat"]["ranks"]}
     for rank in loaded_ranks:
         if rank["rank"] not in reference:
             continue  # already reported: the resumed group's ranks are not the planned ones
-        cause_2 += diagnosis.step_divergence(
-            f"rank {rank['rank']}",
+        arms = (reference[rank["rank"]], repeat.get(rank["rank"]))
+        where = f"rank {rank['rank']}"
+        diverged = diagnosis.step_divergence(
+            where,
             reference[rank["rank"]]["steps"],
             rank["steps"],
             rank["diffs"],
             n,
             not cause_1,
             diagnosis.outside_cause(scenario),
+            _objects_after_load(arms, rank),
         )
+        if not diverged and not cause_1:
+            diverged = _unseen_at_the_end(scenario, arms, rank, where, k)
+        cause_2 += diverged
     return reasons + cause_1 + hints + cause_2
+
+
+def _phase(arm: Obs | None, phase: str) -> dict[str, str] | None:
+    return None if arm is None else arm["objects"][phase]
+
+
+def _objects_after_load(arms: tuple[Obs, Obs | None], rank: Obs) -> str:
+    """The app's attributes that differ between the save and right after the load, with their
+    likely causes: what a step that differs although the state dict round-tripped points at."""
+    saved, loaded = _phase(arms[0], "saved"), rank["objects"]["loaded"]
+    if saved is None or loaded is None:
+        return ""
+    paths = object_causes.differing(
+        saved, loaded, object_causes.volatile(saved, _phase(arms[1], "saved"))
+    )
+    if not paths:
+        return ""
+    text = "the app's objects that differ right after the load: " + object_causes.shown(
+        saved, loaded, paths, "saved", "loaded"
+    )
+    causes = object_causes.likely_causes(paths)
+    return text + (f" (likely {'; '.join(causes)})" if causes else "")
+
+
+def _unseen_at_the_end(
+    scenario: plan.Scenario, arms: tuple[Obs, Obs | None], rank: Obs, where: str, k: int
+) -> list[str]:
+    """Every resumed step matched, yet the app's tensors differ from the uninterrupted run's
+    after the K steps: state that never reaches the loss (an EMA the checkpoint leaves out)."""
+    final, resumed = _phase(arms[0], "final"), rank["objects"]["final"]
+    if final is None or resumed is None:
+        return []
+    paths = object_causes.at_the_end(
+        final, resumed, object_causes.volatile(final, _phase(arms[1], "final"))
+    )
+    if not paths:
+        return []
+    cause, _ = diagnosis.outside_cause(scenario)
+    causes = object_causes.likely_causes(paths) or [
+        "save it with the rest of the state, or drop it if nothing reads it"
+    ]
+    return [
+        f"{cause}: {where}: every resumed step matches, yet after the {k} resumed steps the "
+        "app's "
+        + object_causes.shown(final, resumed, paths, "uninterrupted", "resumed")
+        + " differ from the uninterrupted run's: state no loss shows (an EMA or averaged model, "
+        "a copy kept aside) that the checkpoint does not carry; " + "; ".join(causes)
+    ]
 
 
 commits = commit_at_baseline

@@ -92,6 +92,9 @@ class FixtureTrain(TypedDict):
     snapshots: str | None  # None: no later group reads this arm's values
     steps_after: int
     steps_before: int
+    # Record the app's own objects (ranks/app_objects.py): an uninterrupted arm that a resume
+    # is compared with does; a reshard's source, compared at no world size of its own, does not.
+    objects: bool
     # An async_resume arm's save: dcp.async_save in this mode (or the app's own, "app"), each
     # wait bounded by ``timeout``.
     async_mode: NotRequired[plan.AsyncMode]

@@ -24,9 +24,10 @@ from dcp_invariant.suite.scenarios.payloads import (
 
 
 def train_payload(
-    ctx: ScenarioContext, label: str, snapshots: str | None, steps_after: int
+    ctx: ScenarioContext, label: str, snapshots: str | None, steps_after: int, objects: bool
 ) -> FixtureTrain:
     return {
+        "objects": objects,
         "checkpoint": ctx.candidate_id(label),
         "shape": ctx.run_plan.shape,
         "fixture": ctx.fixture,
@@ -67,7 +68,7 @@ def source_committed(ctx: ScenarioContext, obs: dict[str, Any], snapshots: str |
     label = ctx.run_plan.baseline_label
     source = ctx.group(
         "source",
-        FIXTURE_TRAIN(train_payload(ctx, label, snapshots, 0)),
+        FIXTURE_TRAIN(train_payload(ctx, label, snapshots, 0, objects=False)),
         ctx.scenario.source_world_size,
     )
     obs["source"] = source.record()

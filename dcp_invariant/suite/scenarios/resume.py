@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dcp_invariant.evidence import object_causes
 from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, ScenarioContext
 from dcp_invariant.suite.scenarios.payloads import FIXTURE_TRAIN, FixtureTrain
 from dcp_invariant.suite.scenarios.reshard import resume_group, train_payload
@@ -21,7 +22,7 @@ from dcp_invariant.suite.scenarios.reshard import resume_group, train_payload
 def _arm(ctx: ScenarioContext, label: str, snapshots: str | None) -> FixtureTrain:
     """An uninterrupted arm's payload: N steps, the save (async as the scenario says), K more."""
     sc = ctx.scenario
-    payload = train_payload(ctx, label, snapshots, ctx.run_plan.steps_after)
+    payload = train_payload(ctx, label, snapshots, ctx.run_plan.steps_after, objects=True)
     if sc.async_mode:
         payload["async_mode"] = sc.async_mode
         payload["timeout"] = ctx.host.timeout
@@ -42,27 +43,35 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         **fields,
     )
     del obs["source"]
-    label = the_plan.baseline_label
     with ctx.recording(obs):
-        reference = ctx.group(
-            "reference", FIXTURE_TRAIN(_arm(ctx, label, REFERENCE_SNAPSHOTS)), sc.source_world_size
-        )
-        obs["reference"] = reference.record()
-        if not reference.ok:
-            return obs  # a fixture that fails or hangs once would do it again
-        repeat = ctx.group(
-            "repeat",
-            # Only its records are compared (diagnosis.nondeterminism), never its values:
-            # writing them would double what the run writes besides the checkpoints.
-            FIXTURE_TRAIN(_arm(ctx, f"repeat-{label}", None)),
-            sc.source_world_size,
-        )
-        obs["repeat"] = repeat.record()
-        if not repeat.ok:
-            return obs
-        obs["commit"] = ctx.commit(label)
-        if not obs["commit"]["promoted"]:
-            return obs
-        ctx.restart()  # the loading ranks hold nothing of the arms' (in-job: torchrun's restart)
-        obs["target"] = resume_group(ctx, compare_steps=True)
+        _arms_commit_resume(ctx, obs)
+    # What the ranks recorded of the app's objects, made to repeat from run to run.
+    object_causes.settle(obs["reference"], obs["repeat"], obs["target"])
     return obs
+
+
+def _arms_commit_resume(ctx: ScenarioContext, obs: dict[str, Any]) -> None:
+    """The two uninterrupted arms, the commit of the first one's save, the resumed group."""
+    sc = ctx.scenario
+    label = ctx.run_plan.baseline_label
+    reference = ctx.group(
+        "reference", FIXTURE_TRAIN(_arm(ctx, label, REFERENCE_SNAPSHOTS)), sc.source_world_size
+    )
+    obs["reference"] = reference.record()
+    if not reference.ok:
+        return  # a fixture that fails or hangs once would do it again
+    repeat = ctx.group(
+        "repeat",
+        # Only its records are compared (diagnosis.nondeterminism), never its values:
+        # writing them would double what the run writes besides the checkpoints.
+        FIXTURE_TRAIN(_arm(ctx, f"repeat-{label}", None)),
+        sc.source_world_size,
+    )
+    obs["repeat"] = repeat.record()
+    if not repeat.ok:
+        return
+    obs["commit"] = ctx.commit(label)
+    if not obs["commit"]["promoted"]:
+        return
+    ctx.restart()  # the loading ranks hold nothing of the arms' (in-job: torchrun's restart)
+    obs["target"] = resume_group(ctx, compare_steps=True)

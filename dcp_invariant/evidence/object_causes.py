@@ -1,0 +1,212 @@
+"""What the app's own objects say about a resume (torch-free): the attributes that differ.
+
+Each rank records fingerprints of the app object's attributes (``dcp_invariant/ranks/
+app_objects.py``) at the save and at the end of an uninterrupted arm, and right after the load
+and at the end of a resumed one. Compared, they name the cause where ``state_dict()`` cannot:
+``app.sampler.epoch`` saved 3, loaded 0. An attribute that differs between the two
+uninterrupted arms at the same point (a timestamp, an id) is volatile and never named.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+Objects = Mapping[str, str]
+# What a fingerprint the two uninterrupted arms disagree on is recorded as (:func:`settle`).
+VOLATILE = "volatile"
+# Where the resumed arm's walk is compared with the arms': right after the load with the save.
+_MATCHING = (("saved", "loaded"), ("final", "final"))
+_ARM, _RESUMED = ("saved", "final"), ("loaded", "final")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+MAX_NAMED = 8
+# A value whose every bit is compared: a tensor's ("float32[4,4] ~3": its digest's label,
+# :func:`settle`; DTensor shards included) or a generator's state. The end of a resume compares these only: a number or a
+# string that differs there without a loss showing it is bookkeeping (a counter of loads, a
+# path), while a tensor that differs is state a later evaluation or export reads.
+_COMPARED_AT_END = re.compile(r"(?:\S+\[[\d,]*\]|Generator) ~\d+")
+# The global RNGs: other processes' history (the tool's own, torch's) moves them too, so the
+# end of a resume does not judge them; right after the load they are named like the rest.
+_GLOBAL = "rng."
+_NUMBER = re.compile(r"(?:int|float) \S+|True|False|None")
+
+# A named attribute's likely cause and its fix, by path (the first that matches), for the
+# kinds of state that users most often leave out of state_dict().
+_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"(^|\.)(_scale|_growth_tracker)$"),
+        "a loss scaler (GradScaler) is not saved: save scaler.state_dict() and load it back",
+    ),
+    (
+        re.compile(r"(^|\.)(n_averaged|ema[^.]*|teacher[^.]*|swa[^.]*|averaged[^.]*)(\.|$)"),
+        "an EMA or averaged model is not saved: save its state_dict() beside the model's",
+    ),
+    (
+        re.compile(r"(^|\.)epoch$"),
+        "a sampler's or loader's epoch is not restored: save it, and call "
+        "sampler.set_epoch(epoch) after the load",
+    ),
+    (
+        re.compile(r"^rng\."),
+        "a global RNG is not saved: save torch.get_rng_state() (and random.getstate(), "
+        "numpy.random.get_state() where the loop draws from them) and set it back",
+    ),
+    (
+        re.compile(r"(^|\.)(generator|rng|gen)[^.]*$"),
+        "a torch.Generator is not saved: save its get_state() and set_state() it at the load",
+    ),
+    (
+        re.compile(r"\.optim[^.]*\.state\.\d+\."),
+        "the optimizer's state is partial after the load: load it with "
+        "torch.distributed.checkpoint.state_dict.set_state_dict, which fills every parameter's",
+    ),
+)
+
+
+def volatile(first: Objects | None, second: Objects | None) -> set[str]:
+    """Attributes that differ between two uninterrupted runs at one point: never named."""
+    if first is None or second is None:
+        return set()
+    return {p for p in first.keys() | second.keys() if first.get(p) != second.get(p)}
+
+
+def differing(expected: Objects, got: Objects, volatile: set[str]) -> list[str]:
+    """Paths whose fingerprints differ, in path order, volatile ones left out."""
+    return sorted(
+        p
+        for p in expected.keys() | got.keys()
+        if p not in volatile and expected.get(p) != got.get(p)
+    )
+
+
+def at_the_end(expected: Objects, got: Objects, volatile: set[str]) -> list[str]:
+    """The tensors and generators of the app that differ after the same steps
+    (:data:`_COMPARED_AT_END`)."""
+    return [
+        p
+        for p in differing(expected, got, volatile)
+        if not p.startswith(_GLOBAL)
+        and any(_COMPARED_AT_END.fullmatch(v or "") for v in (expected.get(p), got.get(p)))
+    ]
+
+
+def shown(expected: Objects, got: Objects, paths: Sequence[str], before: str, after: str) -> str:
+    """Up to :data:`MAX_NAMED` paths with what each held: numbers by value, the rest by kind."""
+    parts = []
+    for path in paths[:MAX_NAMED]:
+        was, now = expected.get(path), got.get(path)
+        if was is None:
+            parts.append(f"{path} (new {after}: {_value(now)})")
+        elif now is None:
+            parts.append(f"{path} ({before} {_value(was)}, missing {after})")
+        elif _NUMBER.fullmatch(was) and _NUMBER.fullmatch(now):
+            parts.append(f"{path} ({before} {was}, {after} {now})")
+        else:
+            parts.append(f"{path} ({_kind(was)}, differs)")
+    if len(paths) > MAX_NAMED:
+        parts.append(f"{len(paths) - MAX_NAMED} more")
+    return ", ".join(parts)
+
+
+def likely_causes(paths: Sequence[str]) -> list[str]:
+    """The fixes for the kinds of state named, once each, in the order of :data:`_CAUSES`."""
+    found = []
+    for pattern, fix in _CAUSES:
+        if any(pattern.search(p) for p in paths):
+            found.append(fix)
+    return found
+
+
+def _value(entry: str | None) -> str:
+    if entry is None:
+        return "nothing"
+    return entry if _NUMBER.fullmatch(entry) else _kind(entry)
+
+
+def _kind(entry: str) -> str:
+    """``float32[4,4]`` of ``"float32[4,4] <digest>"``; the entry itself when it has no digest."""
+    head, _, tail = entry.rpartition(" ")
+    return head if _DIGEST.fullmatch(tail) or re.fullmatch(r"~\d+", tail) else entry
+
+
+def settle(first: Any, second: Any, resumed: Any) -> None:
+    """Make what the ranks recorded of the app's objects repeat from run to run, in place.
+
+    ``first`` and ``second`` are the two uninterrupted arms' group records, ``resumed`` the
+    resumed group's (each may be None). An attribute the two arms disagree on at a point (a
+    timestamp; Python's own RNG, reseeded in every process) becomes :data:`VOLATILE` there, in
+    both arms and in the resumed arm at the matching point; one only the resumed arm has is
+    kept by its kind alone (a value the arms never had, such as a time the load took, may
+    differ in every run). Evidence holds no value that a run cannot repeat.
+    """
+    arms = [_by_rank(first), _by_rank(second)]
+    target = _by_rank(resumed)
+    for rank in sorted(arms[0].keys() | arms[1].keys()):
+        for arm_phase, resumed_phase in _MATCHING:
+            walks = [_walk(arm.get(rank), arm_phase) for arm in arms]
+            unstable = volatile(*walks) if all(w is not None for w in walks) else set()
+            for walk in walks:
+                _mark(walk, unstable)
+            _settle_resumed(_walk(target.get(rank), resumed_phase), walks[0], unstable)
+    _intern(
+        [
+            _walk(group.get(rank), phase)
+            for group, phases in ((arms[0], _ARM), (arms[1], _ARM), (target, _RESUMED))
+            for rank in sorted(group)
+            for phase in phases
+        ]
+    )
+
+
+def _by_rank(group: Any) -> dict[int, Any]:
+    return {} if group is None else {r["rank"]: r for r in group["ranks"]}
+
+
+def _walk(rank: Any, phase: str) -> MutableMapping[str, str] | None:
+    if rank is None or rank.get("objects") is None:
+        return None
+    walk: MutableMapping[str, str] | None = rank["objects"].get(phase)
+    return walk
+
+
+def _mark(walk: MutableMapping[str, str] | None, paths: set[str]) -> None:
+    if walk is not None:
+        for path in paths & walk.keys():
+            walk[path] = VOLATILE
+
+
+def _settle_resumed(
+    walk: MutableMapping[str, str] | None, arm: Objects | None, unstable: set[str]
+) -> None:
+    if walk is None:
+        return
+    _mark(walk, unstable)
+    if arm is not None:
+        for path in walk.keys() - arm.keys():
+            walk[path] = kind_only(walk[path])
+
+
+def _intern(walks: Sequence[MutableMapping[str, str] | None]) -> None:
+    """Each digest as a label numbered by first appearance in ``walks`` (``~1``, ``~2``...):
+    equal labels are equal values. A digest of a value no step sets (NumPy's global RNG,
+    seeded once per run in the process workers fork from) differs from run to run while
+    every arm of one run agrees on it; the labels say the same in every run."""
+    labels: dict[str, str] = {}
+    for walk in walks:
+        if walk is None:
+            continue
+        for path in sorted(walk):
+            head, _, tail = walk[path].rpartition(" ")
+            if _DIGEST.fullmatch(tail):
+                walk[path] = f"{head} {labels.setdefault(tail, f'~{len(labels) + 1}')}"
+
+
+def kind_only(entry: str) -> str:
+    """A fingerprint without its value: ``int``, ``float32[4,4]``, ``Generator``."""
+    if entry in ("True", "False"):
+        return "bool"
+    if _NUMBER.fullmatch(entry):
+        return entry.split(" ", 1)[0]
+    return _kind(entry)
