@@ -91,6 +91,15 @@ def _add_loop_options(command: argparse.ArgumentParser, *, fixture_required: boo
         "(width=64, name='\"tiny\"'; a VALUE that is not JSON is taken as a string); repeatable",
     )
     command.add_argument(
+        "--ignore-attr",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help=f"{given}an attribute of your app's objects that does not matter to a resume, as a "
+        "reason names it (app.ema, app.timer, rng.numpy): left out of what is compared; "
+        "repeatable",
+    )
+    command.add_argument(
         "--source-revision",
         help="40-hex revision of the code under test (default: $GITHUB_SHA, else git rev-parse HEAD)",
     )
@@ -277,6 +286,7 @@ def _in_job(args: argparse.Namespace) -> int:
         timeout=python_api.checked_timeout(args.timeout, "--timeout"),
         source_revision=python_api.source_revision_of(args.source_revision, "--source-revision"),
         resume_from=args.resume_from,
+        ignored_attrs=tuple(args.ignore_attr or ()),
     )
     # As `run` does: the fixture's module is found from the directory the job starts in.
     sys.path.insert(0, os.getcwd())
@@ -498,6 +508,7 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
                 ("--steps-after", args.steps_after),
                 ("--fixture-arg", args.fixture_arg),
                 ("--rank-local", args.rank_local),
+                ("--ignore-attr", args.ignore_attr),
             )
             if value is not None
         ]
@@ -519,6 +530,7 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
         plan.DEFAULT_STEPS_AFTER if args.steps_after is None else args.steps_after,
         _fixture_args(args.fixture_arg or []),
         args.rank_local or (),
+        ignored_attrs=args.ignore_attr or (),
     )
 
 

@@ -143,5 +143,26 @@ def rank_local(given: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+# An attribute of the app's objects, or a global RNG, as the reasons name them
+# (dcp_invariant/ranks/app_objects.py): app.ema, app.scaler._scale, rng.numpy.
+ATTRIBUTE_PATH = re.compile(r"(app|rng)(\.[A-Za-z0-9_~\-]{1,64}){1,16}")
+MAX_IGNORED_ATTRS = 64
+
+
+def ignored_attrs(given: Sequence[str]) -> tuple[str, ...]:
+    paths = list(given)
+    for path in paths:
+        if not isinstance(path, str) or not ATTRIBUTE_PATH.fullmatch(path):
+            raise PlanError(
+                f"--ignore-attr {shown_value(path)}: give an attribute path as a reason names it, "
+                "e.g. --ignore-attr app.ema or --ignore-attr rng.numpy"
+            )
+    if len(set(paths)) != len(paths) or len(paths) > MAX_IGNORED_ATTRS:
+        raise PlanError(
+            f"--ignore-attr {shown_value(paths, 200)}: each path once, at most {MAX_IGNORED_ATTRS}"
+        )
+    return tuple(sorted(paths))
+
+
 def positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -280,6 +280,9 @@ class Plan:
     # What an app that saves itself declares (AppShape): it is resharded, saved asynchronously.
     reshards: bool = False
     saves_async: bool = False
+    # Attributes of the app's objects (or global RNGs) the user declares irrelevant: left out of
+    # what the ranks record of them (``--ignore-attr``; dcp_invariant/evidence/object_causes.py).
+    ignored_attrs: tuple[str, ...] = ()
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -339,6 +342,7 @@ class Plan:
                 self.steps_after,
                 self.arguments,
                 shape,
+                ignored_attrs=self.ignored_attrs,
             )
         return fixture_plan(
             self.fixture,
@@ -348,6 +352,7 @@ class Plan:
             self.arguments,
             self.rank_local,
             shape,
+            ignored_attrs=self.ignored_attrs,
         )
 
     @property
@@ -382,9 +387,12 @@ class Plan:
         # Recorded only when the app saves itself: a DCP run's plan, and so its evidence, reads
         # as it did before apps could.
         own = {k: v for k, v in OWN_CHECKPOINTING.items() if getattr(self, k) == v}
+        # Recorded only when given, as the app's checkpointing is.
+        ignored = {"ignored_attrs": list(self.ignored_attrs)} if self.ignored_attrs else {}
         return {
             **launch,
             **own,
+            **ignored,
             "fixture": self.fixture,
             "fixture_args": self.arguments,
             "kind": self.kind,
@@ -430,6 +438,8 @@ def in_job_plan(
     steps_after: int = DEFAULT_STEPS_AFTER,
     fixture_args: Mapping[str, Any] | None = None,
     shape: AppShape = DCP_SHAPE,
+    *,
+    ignored_attrs: Sequence[str] = (),
 ) -> Plan:
     """The checks a torchrun job runs on itself at its own world size W: resume_W (dcp.save)
     and async_resume_W (dcp.async_save, thread mode), each across torchrun's restart of every
@@ -460,6 +470,7 @@ def in_job_plan(
     _check_shape(shape)
     w, n = launch.world_size, steps_before
     arguments = fixture_inputs.fixture_args({} if fixture_args is None else fixture_args)
+    ignored = fixture_inputs.ignored_attrs(ignored_attrs)
     if shape["checkpointing"] == "app":
         if a is not None and not shape["reshards"]:
             raise PlanError(
@@ -505,6 +516,7 @@ def in_job_plan(
             (),
             launch,
             **_plan_fields(shape),
+            ignored_attrs=ignored,
         )
     if a is not None:
         resharded = Scenario(
@@ -515,7 +527,18 @@ def in_job_plan(
             f"in a second torchrun job: the first job's step-{n} checkpoint, saved at {a} ranks, "
             f"loaded at {w}: every key bit-identical, then {steps_after} steps",
         )
-        return Plan("in_job", fixture, (w,), n, steps_after, (resharded,), arguments, (), launch)
+        return Plan(
+            "in_job",
+            fixture,
+            (w,),
+            n,
+            steps_after,
+            (resharded,),
+            arguments,
+            (),
+            launch,
+            ignored_attrs=ignored,
+        )
     scenarios = (
         Scenario(
             f"resume_{w}",
@@ -535,7 +558,18 @@ def in_job_plan(
             async_mode="thread",
         ),
     )
-    return Plan("in_job", fixture, (w,), n, steps_after, scenarios, arguments, (), launch)
+    return Plan(
+        "in_job",
+        fixture,
+        (w,),
+        n,
+        steps_after,
+        scenarios,
+        arguments,
+        (),
+        launch,
+        ignored_attrs=ignored,
+    )
 
 
 def fixture_plan(
@@ -546,6 +580,8 @@ def fixture_plan(
     fixture_args: Mapping[str, Any] | None = None,
     rank_local: Sequence[str] = (),
     shape: AppShape = DCP_SHAPE,
+    *,
+    ignored_attrs: Sequence[str] = (),
 ) -> Plan:
     """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar.
 
@@ -570,6 +606,7 @@ def fixture_plan(
     n, k = steps_before, steps_after
     arguments = fixture_inputs.fixture_args({} if fixture_args is None else fixture_args)
     local = fixture_inputs.rank_local(rank_local)
+    ignored = fixture_inputs.ignored_attrs(ignored_attrs)
     scenarios = [
         Scenario(
             f"resume_{w}",
@@ -642,6 +679,7 @@ def fixture_plan(
             arguments,
             local,
             **_plan_fields(shape),
+            ignored_attrs=ignored,
         )
     scenarios += reshards
     scenarios += [
@@ -680,7 +718,9 @@ def fixture_plan(
     )
     if 2 in sizes:
         scenarios.append(ELASTIC_SCENARIO)
-    return Plan("fixture", fixture, sizes, n, k, tuple(scenarios), arguments, local)
+    return Plan(
+        "fixture", fixture, sizes, n, k, tuple(scenarios), arguments, local, ignored_attrs=ignored
+    )
 
 
 def _own_async(w: int, n: int, where: str = "") -> Scenario:
@@ -760,9 +800,9 @@ def plan_from_record(record: Any) -> Plan:
         "steps_before",
         "world_sizes",
     }
-    if not isinstance(record, dict) or set(record) - set(OWN_CHECKPOINTING) != keys:
+    if not isinstance(record, dict) or set(record) - _OPTIONAL_KEYS != keys:
         raise PlanError(
-            f"plan: expected exactly the keys {sorted(keys)} (and {', '.join(OWN_CHECKPOINTING)})"
+            f"plan: expected exactly the keys {sorted(keys)} (and {', '.join(sorted(_OPTIONAL_KEYS))})"
         )
     shape = _recorded_shape(record)
     if record["kind"] != "fixture":
@@ -783,6 +823,7 @@ def plan_from_record(record: Any) -> Plan:
         record["fixture_args"],
         local,
         shape,
+        ignored_attrs=_recorded_ignored(record),
     )
     if record["scenarios"] != list(derived.names):
         raise PlanError(
@@ -800,6 +841,19 @@ OWN_CHECKPOINTING: dict[str, Any] = {
     "reshards": True,
     "saves_async": True,
 }
+
+
+# Keys a recorded plan has only when they say something.
+_OPTIONAL_KEYS = frozenset({*OWN_CHECKPOINTING, "ignored_attrs"})
+
+
+def _recorded_ignored(record: dict[str, Any]) -> tuple[str, ...]:
+    if "ignored_attrs" not in record:
+        return ()
+    paths = record["ignored_attrs"]
+    if not isinstance(paths, list) or not paths or paths != sorted(paths):
+        raise PlanError("plan: ignored_attrs must be a non-empty sorted list, or no key")
+    return fixture_inputs.ignored_attrs(paths)
 
 
 def _recorded_shape(record: dict[str, Any]) -> AppShape:
@@ -828,9 +882,9 @@ def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
         "steps_before",
         "world_sizes",
     }
-    if set(record) - set(OWN_CHECKPOINTING) != keys:
+    if set(record) - _OPTIONAL_KEYS != keys:
         raise PlanError(
-            f"plan: expected exactly the keys {sorted(keys)} (and {', '.join(OWN_CHECKPOINTING)})"
+            f"plan: expected exactly the keys {sorted(keys)} (and {', '.join(sorted(_OPTIONAL_KEYS))})"
         )
     shape = _recorded_shape(record)
     launch = record["launch"]
@@ -854,6 +908,7 @@ def _in_job_plan_from_record(record: dict[str, Any]) -> Plan:
         record["steps_after"],
         record["fixture_args"],
         shape,
+        ignored_attrs=_recorded_ignored(record),
     )
     for key, value in (
         ("scenarios", list(derived.names)),

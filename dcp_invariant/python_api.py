@@ -87,6 +87,7 @@ def check(
     fixture_args: Mapping[str, Any] | None = None,
     rank_local: Sequence[str] = (),
     source_revision: str | None = None,
+    ignore_attrs: Sequence[str] = (),
 ) -> Report:
     """Check the training loop ``fixture`` builds, as ``dcp-invariant run --fixture`` does.
 
@@ -111,8 +112,11 @@ def check(
     ):  # fmt: skip
         _require(name, value, what, value is None or ok)
     names = _names(rank_local)
+    ignored = _names(ignore_attrs, "ignore_attrs")
     spec = fixture_spec(fixture)
-    run = plan.fixture_plan(spec, sizes, steps_before, steps_after, fixture_args, names)
+    run = plan.fixture_plan(
+        spec, sizes, steps_before, steps_after, fixture_args, names, ignored_attrs=ignored
+    )
     seconds = checked_timeout(timeout)
     revision = source_revision_of(source_revision)
     if target is not None:
@@ -287,24 +291,23 @@ def _sizes(world_sizes: Iterable[int]) -> tuple[int, ...]:
     return sizes
 
 
-def _names(rank_local: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(rank_local, str):  # "data" would otherwise be four components
-        return (rank_local,)
-    _require(
-        "rank_local",
-        rank_local,
-        "a str or a sequence of str (top-level keys of state_dict())",
-        isinstance(rank_local, Iterable),
-    )
-    names = tuple(rank_local)
+def _names(given: Sequence[str], argument: str = "rank_local") -> tuple[str, ...]:
+    """``rank_local`` (top-level keys of state_dict()) or ``ignore_attrs`` (attribute paths):
+    a str is one name, never its characters."""
+    what = _WHAT[argument]
+    if isinstance(given, str):  # "data" would otherwise be four components
+        return (given,)
+    _require(argument, given, f"a str or a sequence of str ({what})", isinstance(given, Iterable))
+    names = tuple(given)
     for name in names:
-        _require(
-            "rank_local",
-            name,
-            "made of str (top-level keys of state_dict())",
-            isinstance(name, str),
-        )
+        _require(argument, name, f"made of str ({what})", isinstance(name, str))
     return names
+
+
+_WHAT = {
+    "rank_local": "top-level keys of state_dict()",
+    "ignore_attrs": "attribute paths such as app.ema",
+}
 
 
 def _output_dir(output_dir: str | os.PathLike[str] | None) -> Path | None:

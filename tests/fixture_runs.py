@@ -20,8 +20,11 @@ def run(
     names: Sequence[str],
     world_sizes: tuple[int, ...] = (1, 2),
     rank_local: tuple[str, ...] = (),
+    ignored_attrs: tuple[str, ...] = (),
 ) -> tuple[Reasons, dict[str, dict[str, Any]]]:
-    the_plan = plan.fixture_plan(spec, world_sizes, rank_local=rank_local)
+    the_plan = plan.fixture_plan(
+        spec, world_sizes, rank_local=rank_local, ignored_attrs=ignored_attrs
+    )
     logs: list[str] = []
 
     def keep_logs(done: runner.Finished) -> None:

@@ -905,6 +905,7 @@ def test_fixture_args_and_rank_local_become_one_flag_each(
             # line, a value with spaces and shell syntax that must stay one argument.
             "fixture-args": 'width=64\r\n\nname="tiny $(touch pwned)"\nlayers=[1, 2]\n',
             "rank-local": "data, loader ,",
+            "ignore-attr": " app.ema,rng.numpy",
         },
         suite_artifact=data_artifact,
         prepare=caller_checkout,
@@ -926,6 +927,10 @@ def test_fixture_args_and_rank_local_become_one_flag_each(
             "data",
             "--rank-local",
             "loader",
+            "--ignore-attr",
+            "app.ema",
+            "--ignore-attr",
+            "rng.numpy",
         ]
     ]
     assert not (run.workspace / "pwned").exists()

@@ -515,6 +515,13 @@ def test_console_script_lists_the_scenarios(tmp_path: Path) -> None:
         (["--fixture", "m:f", "--fixture-arg", "w=NaN"], "the value must be JSON"),
         (["--fixture", "m:f", "--fixture-arg", "w=" + "[" * 100000], "nested too deeply"),
         (["--fixture", "m:f", "--rank-local", "a.b"], "--rank-local 'a.b'"),
+        (["--ignore-attr", "app.ema"], "--ignore-attr go with --fixture"),
+        (["--fixture", "m:f", "--ignore-attr", "ema"], "--ignore-attr 'ema': give an attribute"),
+        (["--fixture", "m:f", "--ignore-attr", "app.a b"], "--ignore-attr 'app.a b'"),
+        (
+            ["--fixture", "m:f", "--ignore-attr", "app.x", "--ignore-attr", "app.x"],
+            "each path once",
+        ),
     ],
 )
 def test_run_refuses_a_fixture_plan_outside_the_grammar(
@@ -525,6 +532,16 @@ def test_run_refuses_a_fixture_plan_outside_the_grammar(
     assert code == errors.EXIT_USAGE
     assert message in usage_error(capsys)
     assert not output.exists()
+
+
+IGNORED = ("--ignore-attr", "rng.numpy", "--ignore-attr", "app.ema")
+
+
+def test_ignored_attributes_are_in_the_plan_sorted() -> None:
+    args = cli.build_parser().parse_args(["run", "--output-dir", "o", "--fixture", "m:f", *IGNORED])
+    the_plan = cli._run_plan(args)
+    assert the_plan.ignored_attrs == ("app.ema", "rng.numpy")
+    assert the_plan.to_record()["ignored_attrs"] == ["app.ema", "rng.numpy"]
 
 
 @pytest.mark.parametrize(

@@ -206,6 +206,23 @@ def test_an_app_that_saves_itself_in_a_job_resumes_through_torchruns_restart() -
     assert plan.plan_from_record(resharded.to_record()) == resharded
 
 
+def test_ignored_attributes_are_recorded_only_when_given_and_kept_by_every_shape() -> None:
+    plain = plan.fixture_plan("m:f", (1, 2))
+    assert "ignored_attrs" not in plain.to_record()
+    ignoring = plan.fixture_plan("m:f", (1, 2), ignored_attrs=["rng.numpy", "app.ema"])
+    assert ignoring.ignored_attrs == ("app.ema", "rng.numpy")
+    assert plan.plan_from_record(ignoring.to_record()) == ignoring
+    own = ignoring.checkpointed_by(plan.own_shape())
+    assert own.ignored_attrs == ignoring.ignored_attrs
+    assert plan.plan_from_record(own.to_record()) == own
+    job = plan.in_job_plan("m:f", plan.Launch(1, 2, "gloo"), ignored_attrs=["app.ema"])
+    assert plan.plan_from_record(job.to_record()) == job
+    for bad in ([], ["app.ema", "app.a"], ["ema"]):
+        record = {**ignoring.to_record(), "ignored_attrs": bad}
+        with pytest.raises(errors.PlanError, match=r"ignored_attrs|--ignore-attr"):
+            plan.plan_from_record(record)
+
+
 def test_rank_local_components_of_an_app_that_does_not_reshard_are_refused() -> None:
     with pytest.raises(errors.PlanError, match=r"--rank-local data: this app saves itself"):
         plan.fixture_plan("m:f", (1, 2), rank_local=["data"]).checkpointed_by(plan.own_shape())

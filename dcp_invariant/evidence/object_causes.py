@@ -131,8 +131,14 @@ def _kind(entry: str) -> str:
     return head if _DIGEST.fullmatch(tail) or re.fullmatch(r"~\d+", tail) else entry
 
 
-def settle(first: Any, second: Any, resumed: Any) -> None:
-    """Make what the ranks recorded of the app's objects repeat from run to run, in place.
+def ignored(path: str, paths: Sequence[str]) -> bool:
+    """``path`` is one of ``paths`` (``--ignore-attr``) or below one."""
+    return any(path == p or path.startswith(p + ".") for p in paths)
+
+
+def settle(first: Any, second: Any, resumed: Any, ignoring: Sequence[str] = ()) -> None:
+    """Make what the ranks recorded of the app's objects repeat from run to run, in place, and
+    leave out the attributes the plan ignores (``ignoring``).
 
     ``first`` and ``second`` are the two uninterrupted arms' group records, ``resumed`` the
     resumed group's (each may be None). An attribute the two arms disagree on at a point (a
@@ -143,6 +149,14 @@ def settle(first: Any, second: Any, resumed: Any) -> None:
     """
     arms = [_by_rank(first), _by_rank(second)]
     target = _by_rank(resumed)
+    if ignoring:
+        for group, phases in ((arms[0], _ARM), (arms[1], _ARM), (target, _RESUMED)):
+            for rank in group.values():
+                for phase in phases:
+                    walk = _walk(rank, phase)
+                    if walk is not None:
+                        for path in [p for p in walk if ignored(p, ignoring)]:
+                            del walk[path]
     for rank in sorted(arms[0].keys() | arms[1].keys()):
         for arm_phase, resumed_phase in _MATCHING:
             walks = [_walk(arm.get(rank), arm_phase) for arm in arms]

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from dcp_invariant import plan
-from dcp_invariant.evidence import schema
+from dcp_invariant.evidence import object_causes, schema
 from dcp_invariant.evidence.families import FAMILIES
 from dcp_invariant.evidence.families._record_parts import Obs
 from dcp_invariant.evidence.families._sightings import Sightings
@@ -29,11 +29,27 @@ def derive(name: str, obs: Obs, *, run_plan: plan.Plan) -> list[str]:
             f"plan: the reshard left out {obs['left_out']}, the plan's rank-local components "
             f"are {list(run_plan.rank_local)}"
         )
+    reasons += _ignored_recorded(obs, run_plan.ignored_attrs)
     reasons += FAMILIES[scenario.family].rule(scenario, obs)
     for key in ("commit", "baseline", "candidate"):
         if obs.get(key) is not None:
             reasons += _sealing(obs[key], key)
     return reasons
+
+
+def _ignored_recorded(obs: Obs, ignoring: tuple[str, ...]) -> list[str]:
+    """An attribute the plan ignores (``--ignore-attr``) is not among what a rank recorded."""
+    if not ignoring:
+        return []
+    for arm in ("reference", "repeat", "target", "source"):
+        for rank in (obs.get(arm) or {"ranks": []})["ranks"]:
+            for walk in (rank.get("objects") or {}).values():
+                found = sorted(p for p in walk or () if object_causes.ignored(p, ignoring))
+                if found:
+                    return [
+                        f"plan: {arm} rank {rank['rank']} recorded {found[0]}, which it ignores"
+                    ]
+    return []
 
 
 def _sealing(commit: CommitRecord, where: str) -> list[str]:

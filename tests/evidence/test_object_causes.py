@@ -128,6 +128,25 @@ def test_digests_become_labels_numbered_by_first_appearance() -> None:
     object_causes.settle(None, None, None)  # a scenario stopped before any arm ran
 
 
+def test_ignored_attributes_are_left_out_of_every_walk() -> None:
+    """An ignored path and everything below it, in both arms and the resumed one; a path
+    that only starts with the same letters is kept."""
+    walk = {"app.ema": "int 1", "app.ema.w": f"float32[2] {'1' * 64}", "app.emaf": "int 2"}
+    first, second = (
+        _group({"saved": dict(walk), "final": None}),
+        _group({"saved": dict(walk), "final": None}),
+    )
+    resumed = _group({"loaded": dict(walk), "final": dict(walk)})
+    object_causes.settle(first, second, resumed, ("app.ema",))
+    for group, phase in (
+        (first, "saved"),
+        (second, "saved"),
+        (resumed, "loaded"),
+        (resumed, "final"),
+    ):
+        assert group["ranks"][0]["objects"][phase] == {"app.emaf": "int 2"}  # type: ignore[index]
+
+
 def test_a_walk_not_made_is_left_alone() -> None:
     first = _group({"saved": None, "final": None})
     resumed = _group({"loaded": {"a": "int 1"}, "final": None})

@@ -62,3 +62,16 @@ def test_a_key_lost_at_the_load_that_the_steps_show_is_not_restored_late() -> No
     reasons = derive("resume_1", obs)
     assert reasons and reasons[0].startswith(f"{diagnosis.ROUND_TRIP}: rank 0: {key}"), reasons
     assert not any(r.startswith(diagnosis.RESTORED_LATE) for r in reasons), reasons
+
+
+def test_an_attribute_the_plan_ignores_is_not_among_what_was_recorded() -> None:
+    """--ignore-attr leaves it out of every walk: a record that has it is not this plan's."""
+    ignoring = plan.fixture_plan(
+        RUN_PLAN.fixture,
+        RUN_PLAN.world_sizes,
+        RUN_PLAN.steps_before,
+        RUN_PLAN.steps_after,
+        ignored_attrs=["app.gen"],
+    )
+    reasons = derive("resume_1", real("resume_1"), ignoring)
+    assert reasons == ["plan: reference rank 0 recorded app.gen, which it ignores"], reasons

@@ -229,7 +229,17 @@ def test_a_sampler_epoch_left_out_of_state_dict_is_named_by_its_attribute() -> N
 
 
 def test_a_scaler_and_an_ema_no_loss_shows_are_caught_at_the_end() -> None:
-    """Every loss resumes exactly; the app's tensors after the K steps do not."""
+    """Every loss resumes exactly; the app's tensors after the K steps do not. Declared
+    irrelevant (--ignore-attr), they pass, and the evidence holds none of them."""
+    reasons, observed = fixture_runs.run(
+        "fixture_loops:averages_unsaved",
+        ["resume_1"],
+        (1,),
+        ignored_attrs=("app.ema", "app.scaler"),
+    )
+    assert reasons == {"resume_1": []}, reasons
+    walk = observed["resume_1"]["target"]["ranks"][0]["objects"]["final"]
+    assert walk and not any(p.startswith(("app.ema", "app.scaler")) for p in walk)
     (reason,) = derive("averages_unsaved", ["resume_1"], (1,))["resume_1"]
     assert reason.startswith(
         "state outside state_dict(): rank 0: every resumed step matches, yet after the 3 "

@@ -46,7 +46,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     with ctx.recording(obs):
         _arms_commit_resume(ctx, obs)
     # What the ranks recorded of the app's objects, made to repeat from run to run.
-    object_causes.settle(obs["reference"], obs["repeat"], obs["target"])
+    object_causes.settle(obs["reference"], obs["repeat"], obs["target"], ctx.run_plan.ignored_attrs)
     return obs
 
 

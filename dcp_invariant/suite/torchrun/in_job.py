@@ -66,6 +66,7 @@ class Options:
     timeout: float
     source_revision: str
     resume_from: Path | None = None
+    ignored_attrs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,12 @@ def first_launch(resume_from: Path) -> tuple[int, Path]:
 def the_plan(options: Options, job: JobEnvironment, resumed_from: int | None = None) -> plan.Plan:
     launch = plan.Launch(job.nodes, job.local_world_size, options.backend, resumed_from)
     return plan.in_job_plan(
-        options.fixture, launch, options.steps_before, options.steps_after, options.fixture_args
+        options.fixture,
+        launch,
+        options.steps_before,
+        options.steps_after,
+        options.fixture_args,
+        ignored_attrs=options.ignored_attrs,
     )
 
 
