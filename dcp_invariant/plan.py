@@ -275,7 +275,7 @@ class Plan:
     launch: Launch | None = None
     checkpointing: Checkpointing = "dcp"
     # False for an app that saves itself and has no state_dict(): its resumes are judged by
-    # their losses alone, as its note says (:attr:`notes`).
+    # their losses and the app's own objects, as its note says (:attr:`notes`).
     compares_state: bool = True
     # What an app that saves itself declares (AppShape): it is resharded, saved asynchronously.
     reshards: bool = False
@@ -376,8 +376,8 @@ class Plan:
         if not self.compares_state:
             notes.append(
                 f"{self.fixture}'s app has no state_dict(): each resume is judged by its losses "
-                "alone; give it a state_dict() to have what its load() restored compared key "
-                "by key"
+                "and by the app's own objects; give it a state_dict() to have what its load() "
+                "restored compared key by key"
             )
         return tuple(notes)
 

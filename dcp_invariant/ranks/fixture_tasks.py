@@ -448,7 +448,7 @@ def _leaves(spec: str, app: Anchored) -> dict[str, Any]:
     The probe saw the state before and after one step only: what DCP cannot save, or this tool
     cannot hash, if it appears later, ends the rank with one line instead of a traceback of
     this tool's frames. An app that saves itself and has no ``state_dict()`` has no keys: its
-    resume is judged by its losses alone.
+    resume is judged by its losses and its own objects (:mod:`..app_objects`).
     """
     if not app.has_state:
         return {}
