@@ -223,6 +223,23 @@ class WritesWhenWaitedFor(SavesAsync):
         return Late()
 
 
+class ReshardsAndSavesAsync(SavesAsync):
+    """Declares both, and keeps both: rank 0 writes the one file in the background, which every
+    rank reads at any world size."""
+
+    reshards = True
+
+    def path(self, checkpoint_dir: str) -> str:
+        return os.path.join(checkpoint_dir, "state.pt")
+
+    def save(self, checkpoint_dir: str) -> Future[None]:  # type: ignore[override]
+        if self.rank == 0:
+            return super().save(checkpoint_dir)
+        nothing: Future[None] = Future()
+        nothing.set_result(None)
+        return nothing
+
+
 class SavesAsyncSchedulerNotRestored(SavesAsync, SchedulerNotRestored):
     """Saves in the background and never restores its scheduler."""
 
@@ -312,3 +329,7 @@ def undeclared_future(rank: int, world_size: int) -> SavesItself:
 
 def saves_async_scheduler_not_restored(rank: int, world_size: int) -> SavesItself:
     return SavesAsyncSchedulerNotRestored(rank, world_size)
+
+
+def reshards_and_saves_async(rank: int, world_size: int) -> SavesItself:
+    return ReshardsAndSavesAsync(rank, world_size)

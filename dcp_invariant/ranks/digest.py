@@ -7,8 +7,9 @@ Only workers import this module (it needs torch); the verifier compares the hex 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -27,10 +28,60 @@ def component_digests(state: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+# Digests of plain tensors taken inside :func:`remembering`, by where their bytes are, each with
+# its tensor: held, its memory cannot be freed and reused by another tensor at the same address
+# (a generator's get_state() makes a new one each time) before the phase ends.
+_remembered: dict[tuple[Any, ...], tuple[str, torch.Tensor]] | None = None
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    """Within, a tensor whose bytes were hashed already is not hashed again.
+
+    One phase of a rank records the state dict's leaves and then walks the app's objects,
+    whose parameters and optimizer state are the same memory: at 1 GiB, hashing it twice is
+    most of the phase. Only a phase: nothing runs between its two records, whereas across
+    steps a tensor changed through ``.data`` keeps its version counter, so an address and a
+    version would not prove its bytes the same.
+    """
+    global _remembered
+    outer = _remembered
+    _remembered = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _remembered = outer
+
+
 def value_digest(value: Any) -> str:
+    memory = _remembered
+    where = _where(value) if memory is not None else None
+    if memory is not None and where is not None and where in memory:
+        return memory[where][0]
     h = hashlib.sha256()
     _feed(h, value)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    if memory is not None and where is not None:
+        memory[where] = (digest, value)
+    return digest
+
+
+def _where(value: Any) -> tuple[Any, ...] | None:
+    """Where a plain tensor's bytes are (storage, offset, shape, strides, dtype, device); None
+    for anything else (a DTensor's global value is gathered anew, a quantized one has a scale
+    beside its bytes)."""
+    if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.is_quantized:
+        return None
+    if value.layout != torch.strided or value.is_meta or value.is_nested:
+        return None
+    return (
+        value.untyped_storage().data_ptr(),
+        value.storage_offset(),
+        tuple(value.shape),
+        value.stride(),
+        value.dtype,
+        value.device,
+    )
 
 
 def _feed(h: Any, value: Any) -> None:

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict_saver import (
 )
 
 from dcp_invariant.plan import AppShape
-from dcp_invariant.ranks import app_objects, checkpointing, state_keys
+from dcp_invariant.ranks import app_objects, checkpointing, digest, state_keys
 from dcp_invariant.ranks.tasks import load_through_pointer
 from dcp_invariant.suite.fixture import (
     Anchored,
@@ -183,12 +183,12 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
     mode = payload.get("async_mode")
     if mode is None:
         checkpointing.save(app, payload["checkpoint"])
+    # The state at the save is what the checkpoint must hold, whatever comes after (an async
+    # save's next step runs below).
+    with digest.remembering():
         record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
         record["objects"]["saved"] = _objects(app, payload["objects"])
-    else:
-        # The state at the save is what the checkpoint must hold, whatever comes after.
-        record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
-        record["objects"]["saved"] = _objects(app, payload["objects"])
+    if mode is not None:
         if mode == "app":
             record["async"] = _own_save_while_stepping(spec, app, payload, record, rank)
         else:
@@ -198,11 +198,15 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
         _stop_if_not_finite(float.fromhex(record["steps"][0]["loss"]), f"step {n + 1}")
     for step in range(len(record["steps"]) + 1, payload["steps_after"] + 1):
         loss = _loss(spec, app)
-        keys = _observe(spec, app, payload["snapshots"], rank, f"step-{step}")
+        with digest.remembering():
+            keys = _observe(spec, app, payload["snapshots"], rank, f"step-{step}")
+            if step == payload["steps_after"]:
+                record["objects"]["final"] = _objects(app, payload["objects"])
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
         _stop_if_not_finite(loss, f"step {n + step}")
-    record["objects"]["final"] = _objects(app, payload["objects"])
+    if record["objects"]["final"] is None:  # no step after the async one's, or none at all
+        record["objects"]["final"] = _objects(app, payload["objects"])
     report(record)
 
 
@@ -381,24 +385,27 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
     # The rank whose saved state this rank must hold: itself, or for a reshard from fewer ranks
     # the one it takes the place of (replicated values are the same on every source rank).
     source_rank = rank % payload["source_world_size"]
-    record["loaded"] = _compare(
-        spec, app, reference, source_rank, "saved", "loaded", record["diffs"]
-    )
-    # After state_dict() was read, as the arms' are after theirs: a lazy initialisation it does
-    # (FSDP's, say) is then on both sides.
-    record["objects"]["loaded"] = _objects(app, payload["compare_steps"])
+    # The objects after state_dict() was read, as the arms' are after theirs: a lazy
+    # initialisation it does (FSDP's, say) is then on both sides.
+    with digest.remembering():
+        record["loaded"] = _compare(
+            spec, app, reference, source_rank, "saved", "loaded", record["diffs"]
+        )
+        record["objects"]["loaded"] = _objects(app, payload["compare_steps"])
     report(record)
     for step in range(1, payload["steps_after"] + 1):
         loss = _loss(spec, app)
         phase = f"step-{step}"
-        if payload["compare_steps"]:
-            keys = _compare(spec, app, reference, source_rank, phase, phase, record["diffs"])
-        else:
-            keys = state_keys.record(_leaves(spec, app))
+        with digest.remembering():
+            if payload["compare_steps"]:
+                keys = _compare(spec, app, reference, source_rank, phase, phase, record["diffs"])
+            else:
+                keys = state_keys.record(_leaves(spec, app))
+            if step == payload["steps_after"]:
+                record["objects"]["final"] = _objects(app, payload["compare_steps"])
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
         _stop_if_not_finite(loss, f"resumed step {step}")
-    record["objects"]["final"] = _objects(app, payload["compare_steps"])
     report(record)
 
 

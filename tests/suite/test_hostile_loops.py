@@ -138,14 +138,14 @@ def test_a_step_that_leaves_threads_running_is_named_as_such_not_as_a_slow_step(
     """The first step starts 50 non-daemon threads that never end and returns at once: the
     worker cannot exit, and the timeout says so, naming the threads, instead of blaming
     "building it and taking one step"."""
-    proc = run(tmp_path, "hostile_loops:leaves_threads", timeout="20")
+    proc = run(tmp_path, "hostile_loops:leaves_threads", timeout="10")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout == ""
     names = ", ".join(f"never-ending-{i}" for i in range(8))
     assert proc.stderr == (
         "dcp-invariant: fail: fixture 'hostile_loops:leaves_threads': timeout: its first step() "
         f"returned, but left 50 non-daemon thread(s) running ({names} and 42 more), and a "
-        "worker exits only once those end: they had not after 20 s; make them daemon threads "
+        "worker exits only once those end: they had not after 10 s; make them daemon threads "
         "(daemon=True) or stop and join them before step() returns\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # no artifact, no stage
