@@ -33,7 +33,7 @@ import torch
 from dcp_invariant.ranks.digest import value_digest
 
 MAX_DEPTH = 16
-MAX_ENTRIES = 256  # of one container: a longer one is fingerprinted whole
+MAX_ENTRIES = 256  # of one container: a longer one is recorded by its kind and length
 MAX_ATTRIBUTES = 20_000
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 # Where the global RNGs are recorded, beside the app's own attributes.
@@ -100,26 +100,43 @@ class _Walk:
         self._visited += 1
         if self._visited > MAX_ATTRIBUTES:
             return
+        try:
+            self._visit(value, path, depth)
+        except Exception as exc:  # recorded, never raised: the walk must not end a correct rank
+            # Whatever a user's object raised while being read (a closed shelf, a lazy module
+            # not yet initialised): its kind is what there is to compare.
+            self.found[path] = f"{_kind_of(value)} (unreadable: {type(exc).__name__})"
+
+    def _visit(self, value: Any, path: str, depth: int) -> None:
         leaf = _leaf(value)
         if leaf is not None:
             self.found[path] = leaf
             return
-        if isinstance(value, _OPAQUE) or _opaque_module(value):
+        cls = type(value)
+        # Only type(): isinstance() would ask the object for its __class__, which a user's
+        # class may compute. A module or an optimizer is walked wherever torch keeps its class
+        # (FSDP's and ZeroRedundancyOptimizer's are under torch.distributed).
+        if issubclass(cls, _OPAQUE) or (
+            _opaque_module(cls) and not issubclass(cls, (torch.nn.Module, torch.optim.Optimizer))
+        ):
             return
-        if isinstance(value, torch.utils.data.dataloader._BaseDataLoaderIter):
+        if issubclass(cls, torch.utils.data.dataloader._BaseDataLoaderIter):
             return  # a loader's live iterator: worker processes and queues, rebuilt each epoch
         # An object (a module, an optimizer, a sampler) is walked once, at the first path that
         # reaches it. A container is walked at every path, and only a cycle through it ends
         # there: whether two attributes share one tuple or dict (an optimizer's defaults and
         # its param_groups' betas do, until a load copies them) is not state.
-        container = isinstance(value, (Mapping, list, tuple))
+        container = issubclass(cls, (dict, list, tuple))
         if id(value) in (self._open if container else self._seen):
             return
         (self._open if container else self._seen).add(id(value))
         self._kept.append(value)
         try:
             if depth >= MAX_DEPTH:
-                self.found[path] = f"{type(value).__name__} (deeper than {MAX_DEPTH})"
+                self.found[path] = f"{_kind_of(value)} (deeper than {MAX_DEPTH})"
+                return
+            if container and len(value) > MAX_ENTRIES and not issubclass(cls, _Whole):
+                self.found[path] = f"{_kind_of(value)} of {len(value)} entries"
                 return
             for name, child in _children(value):
                 self.visit(child, f"{path}.{name}", depth + 1)
@@ -128,37 +145,55 @@ class _Walk:
                 self._open.discard(id(value))
 
 
-def _opaque_module(value: Any) -> bool:
-    module = type(value).__module__ or ""
+class _Whole(dict):  # type: ignore[type-arg]
+    """A view the walk makes (an optimizer's state by parameter index): walked whatever its
+    length, which the model's parameters bound."""
+
+
+def _kind_of(value: Any) -> str:
+    return type(value).__name__
+
+
+def _opaque_module(cls: type) -> bool:
+    module = cls.__module__ or ""
     return any(module == m or module.startswith(m + ".") for m in _OPAQUE_MODULES)
 
 
 def _leaf(value: Any) -> str | None:
     """The fingerprint of a value that has no attributes worth walking; None for the others."""
-    if value is None or isinstance(value, bool):
+    cls = type(value)  # never isinstance(): it would ask a user's object for __class__
+    if value is None or issubclass(cls, bool):
         return repr(value)
-    if isinstance(value, int):
+    if issubclass(cls, int):
         return f"int {value}"
-    if isinstance(value, float):
+    if issubclass(cls, float):
         return f"float {value.hex()}"
-    if isinstance(value, str):
+    if issubclass(cls, str):
         # By kind alone: a string may be a path, a host or a user name (evidence holds none),
         # or a checkpoint's directory whose name differs from run to run; none steers a step.
         return "str"
-    if isinstance(value, (bytes, bytearray)):
+    if issubclass(cls, (bytes, bytearray)):
         return f"bytes {hashlib.sha256(value).hexdigest()}"
-    if isinstance(value, torch.Tensor):
+    if issubclass(cls, torch.Tensor):
         return _tensor(value)
-    if isinstance(value, torch.Generator):
+    if issubclass(cls, torch.Generator):
         return "Generator " + value_digest(value.get_state())
-    if isinstance(value, numpy.ndarray):
-        return f"ndarray {value.dtype}{list(value.shape)} " + _digest(repr(value.tobytes()))
-    if isinstance(value, numpy.generic):
+    if issubclass(cls, numpy.ndarray):
+        kind = f"ndarray {value.dtype}{list(value.shape)}"
+        if value.dtype.hasobject or issubclass(cls, numpy.memmap):
+            # Object arrays hold pointers, which differ by process; a memmap is a file, read
+            # whole at every walk: by kind and shape alone.
+            return kind
+        data = numpy.ascontiguousarray(value).view(numpy.uint8).ravel()
+        return f"{kind} {hashlib.sha256(data).hexdigest()}"
+    if issubclass(cls, numpy.generic):
         return _leaf(value.item())
     return None
 
 
 def _tensor(value: torch.Tensor) -> str:
+    if issubclass(type(value), torch.nn.parameter.UninitializedTensorMixin):
+        return "uninitialized"  # a lazy module's, before its first forward
     tensor = value.detach()
     if hasattr(tensor, "to_local") and hasattr(tensor, "placements"):
         tensor = tensor.to_local()  # this rank's shard: no collective (module docstring)
@@ -174,13 +209,14 @@ def _tensor(value: torch.Tensor) -> str:
 
 def _children(value: Any) -> list[tuple[str, Any]]:
     """What to walk under ``value``, by name, in a stable order."""
-    if isinstance(value, Mapping):
+    # Entries of a dict only: any other Mapping's __getitem__ may be user code (a shelf, a lazy
+    # config); it is walked by its attributes.
+    cls = type(value)
+    if issubclass(cls, dict):
         return _entries(value)
-    if isinstance(value, (list, tuple)):
-        if len(value) > MAX_ENTRIES:
-            return []
+    if issubclass(cls, (list, tuple)):
         return [(str(i), item) for i, item in enumerate(value)]
-    if isinstance(value, types.FunctionType):
+    if issubclass(cls, types.FunctionType):
         # A closure's cells: a loop written as functions keeps its state there (a nonlocal
         # cursor, the model a step() captured). A function's globals are not its state.
         cells = value.__closure__ or ()
@@ -189,9 +225,9 @@ def _children(value: Any) -> list[tuple[str, Any]]:
             for name, cell in zip(value.__code__.co_freevars, cells, strict=False)
             if _cell_filled(cell)
         ]
-    if isinstance(value, torch.optim.Optimizer):
+    if issubclass(cls, torch.optim.Optimizer):
         return _optimizer(value)
-    if isinstance(value, torch.nn.Module):
+    if issubclass(cls, torch.nn.Module):
         return _module(value)
     return _attributes(value)
 
@@ -205,8 +241,6 @@ def _cell_filled(cell: types.CellType) -> bool:
 
 
 def _entries(mapping: Mapping[Any, Any]) -> list[tuple[str, Any]]:
-    if len(mapping) > MAX_ENTRIES:
-        return []
     plain = [k for k in mapping if isinstance(k, (str, int, float, bool)) or k is None]
     return [(_name(k), mapping[k]) for k in sorted(plain, key=repr)]
 
@@ -253,7 +287,7 @@ def _optimizer(optimizer: torch.optim.Optimizer) -> list[tuple[str, Any]]:
     the parameters themselves (the model has them), and ``defaults``."""
     order = [p for group in optimizer.param_groups for p in group["params"]]
     index = {id(p): i for i, p in enumerate(order)}
-    state = {index[id(p)]: s for p, s in optimizer.state.items() if id(p) in index}
+    state = _Whole((index[id(p)], s) for p, s in optimizer.state.items() if id(p) in index)
     groups = [
         {**{k: v for k, v in group.items() if k != "params"}, "params": len(group["params"])}
         for group in optimizer.param_groups

@@ -81,6 +81,8 @@ def _where(value: Any) -> tuple[Any, ...] | None:
         value.stride(),
         value.dtype,
         value.device,
+        value.is_conj(),  # the same memory read conjugated or negated is another value
+        value.is_neg(),
     )
 
 

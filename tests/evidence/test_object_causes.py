@@ -48,7 +48,11 @@ def test_more_than_eight_are_counted() -> None:
 def test_the_end_of_a_resume_judges_the_apps_tensors_and_generators_only() -> None:
     """A counter or a string that differs without a loss showing it is bookkeeping; the global
     RNGs move with other processes' history."""
-    final = {**SAVED, "app.gen": f"Generator {DIGEST_A}"}
+    final = {
+        **SAVED,
+        "app.gen": f"Generator {DIGEST_A}",
+        "app.ema.module.0.weight": f"float32[4,4] {DIGEST_A}",
+    }
     resumed = {
         **final,
         "app.sampler.epoch": "int 9",
@@ -152,3 +156,16 @@ def test_a_walk_not_made_is_left_alone() -> None:
     resumed = _group({"loaded": {"a": "int 1"}, "final": None})
     object_causes.settle(first, None, resumed)
     assert resumed["ranks"][0]["objects"] == {"loaded": {"a": "int 1"}, "final": None}  # type: ignore[index]
+
+
+def test_an_alias_one_run_keeps_moves_a_path_and_proves_nothing_at_the_end() -> None:
+    """A load() that holds {"model": self.model} makes the resumed walk record the model under
+    that path first: the uninterrupted run's app.model.* are then absent, not different."""
+    final = {"app.model.weight": f"float32[2] {DIGEST_A}"}
+    resumed = {"app.ckpt.model.weight": f"float32[2] {DIGEST_A}"}
+    assert object_causes.at_the_end(final, resumed, set()) == []
+
+
+def test_a_counter_named_like_a_generator_is_not_one() -> None:
+    assert object_causes.likely_causes(["app.general_steps"]) == []
+    assert object_causes.likely_causes(["app.gen"]) == object_causes.likely_causes(["app.data_rng"])

@@ -194,3 +194,46 @@ def test_a_container_shared_by_two_attributes_is_recorded_at_both() -> None:
     assert {k: v for k, v in app_objects.fingerprints(looped).items() if k.startswith("app")} == {
         "app.0": "int 1"
     }
+
+
+def test_what_a_user_object_raises_while_read_is_recorded_never_raised() -> None:
+    """A closed shelf, a lazy module before its first forward: a correct loop's rank must not
+    end in the walk."""
+
+    class Raises:
+        __slots__ = ("value",)
+
+        def __init__(self) -> None:
+            self.value = 1
+
+        def __getattribute__(self, name: str) -> Any:
+            raise RuntimeError(f"no {name}")
+
+    found = app_objects.fingerprints({"odd": Raises(), "lazy": torch.nn.LazyLinear(2)})
+    assert found["app.lazy.weight"] == "uninitialized"
+    assert found["app.odd.value"] == "int 1"  # a slot is read by its descriptor, not by the object
+
+
+def test_fsdp_modules_and_long_optimizer_state_are_walked() -> None:
+    """A module's class under torch.distributed (FSDP's) is still a module; an optimizer's state
+    is walked whatever the number of parameters (a 7B model has about 300 tensors)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    assert ZeroRedundancyOptimizer.__module__.startswith("torch.distributed")
+    params = [torch.nn.Parameter(torch.ones(1)) for _ in range(300)]
+    optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    loss = sum(p.sum() for p in params)
+    loss.backward()
+    optimizer.step()
+    found = app_objects.fingerprints({"optim": optimizer, "many": list(range(300))})
+    assert "app.optim.state.299.momentum_buffer" in found
+    assert found["app.many"] == "list of 300 entries"
+
+
+def test_numpy_arrays_are_hashed_by_their_bytes_and_object_arrays_by_kind() -> None:
+    numpy = pytest.importorskip("numpy")
+    found = app_objects.fingerprints(
+        {"a": numpy.arange(4), "b": numpy.arange(4), "o": numpy.array([object()])}
+    )
+    assert found["app.a"] == found["app.b"] and found["app.a"].startswith("ndarray int64[4] ")
+    assert found["app.o"] == "ndarray object[1]"
