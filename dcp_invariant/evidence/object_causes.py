@@ -158,20 +158,20 @@ def settle(first: Any, second: Any, resumed: Any, ignoring: Sequence[str] = ()) 
         for group, phases in ((arms[0], _ARM), (arms[1], _ARM), (target, _RESUMED)):
             for rank in group.values():
                 for phase in phases:
-                    walk = _walk(rank, phase)
-                    if walk is not None:
-                        for path in [p for p in walk if ignored(p, ignoring)]:
-                            del walk[path]
+                    recorded = walk(rank, phase)
+                    if recorded is not None:
+                        for path in [p for p in recorded if ignored(p, ignoring)]:
+                            del recorded[path]
     for rank in sorted(arms[0].keys() | arms[1].keys()):
         for arm_phase, resumed_phase in _MATCHING:
-            walks = [_walk(arm.get(rank), arm_phase) for arm in arms]
+            walks = [walk(arm.get(rank), arm_phase) for arm in arms]
             unstable = volatile(*walks) if all(w is not None for w in walks) else set()
-            for walk in walks:
-                _mark(walk, unstable)
-            _settle_resumed(_walk(target.get(rank), resumed_phase), walks[0], unstable)
+            for recorded in walks:
+                _mark(recorded, unstable)
+            _settle_resumed(walk(target.get(rank), resumed_phase), walks[0], unstable)
     _intern(
         [
-            _walk(group.get(rank), phase)
+            walk(group.get(rank), phase)
             for group, phases in ((arms[0], _ARM), (arms[1], _ARM), (target, _RESUMED))
             for rank in sorted(group)
             for phase in phases
@@ -183,11 +183,12 @@ def _by_rank(group: Any) -> dict[int, Any]:
     return {} if group is None else {r["rank"]: r for r in group["ranks"]}
 
 
-def _walk(rank: Any, phase: str) -> MutableMapping[str, str] | None:
+def walk(rank: Any, phase: str) -> MutableMapping[str, str] | None:
+    """A rank record's walk at ``phase``; None where the rank, or the walk, is missing."""
     if rank is None or rank.get("objects") is None:
         return None
-    walk: MutableMapping[str, str] | None = rank["objects"].get(phase)
-    return walk
+    found: MutableMapping[str, str] | None = rank["objects"].get(phase)
+    return found
 
 
 def _mark(walk: MutableMapping[str, str] | None, paths: set[str]) -> None:

@@ -109,18 +109,14 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     return reasons + cause_1 + hints + cause_2
 
 
-def _phase(arm: Obs | None, phase: str) -> dict[str, str] | None:
-    return None if arm is None else arm["objects"][phase]
-
-
 def _objects_after_load(arms: tuple[Obs, Obs | None], rank: Obs) -> str:
     """The app's attributes that differ between the save and right after the load, with their
     likely causes: what a step that differs although the state dict round-tripped points at."""
-    saved, loaded = _phase(arms[0], "saved"), rank["objects"]["loaded"]
+    saved, loaded = object_causes.walk(arms[0], "saved"), object_causes.walk(rank, "loaded")
     if saved is None or loaded is None:
         return ""
     paths = object_causes.differing(
-        saved, loaded, object_causes.volatile(saved, _phase(arms[1], "saved"))
+        saved, loaded, object_causes.volatile(saved, object_causes.walk(arms[1], "saved"))
     )
     if not paths:
         return ""
@@ -136,11 +132,11 @@ def _unseen_at_the_end(
 ) -> list[str]:
     """Every resumed step matched, yet the app's tensors differ from the uninterrupted run's
     after the K steps: state that never reaches the loss (an EMA the checkpoint leaves out)."""
-    final, resumed = _phase(arms[0], "final"), rank["objects"]["final"]
+    final, resumed = object_causes.walk(arms[0], "final"), object_causes.walk(rank, "final")
     if final is None or resumed is None:
         return []
     paths = object_causes.at_the_end(
-        final, resumed, object_causes.volatile(final, _phase(arms[1], "final"))
+        final, resumed, object_causes.volatile(final, object_causes.walk(arms[1], "final"))
     )
     if not paths:
         return []
