@@ -298,6 +298,50 @@ class AveragesUnsaved(Correct):
         return float(total) / self.world_size
 
 
+HEAD_FROM = 5  # the step IdleOptimizerSaved's head starts training: after the save at step 3
+
+
+class IdleOptimizerSaved(Correct):
+    """Its last layer (a head) has an AdamW of its own, which starts stepping at HEAD_FROM; the
+    head's gradients are dropped after every step until then. When the save at step 3 reads
+    state_dict(), that optimizer has no state and its parameters no gradients, so
+    get_state_dict steps it with zero gradients (_init_optim_state, pytorch#140898): its step
+    count is 1 before it ever trains. A run that saved trains the head differently from one
+    that never saved, from step HEAD_FROM + 1 on; a resume from the save is exact."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        body, head = self.model[0], self.model[2]
+        self.optimizer = torch.optim.AdamW(body.parameters(), lr=0.01, foreach=True)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / WARMUP)
+        )
+        self.head_optimizer = torch.optim.AdamW(head.parameters(), lr=0.01, foreach=True)
+        self.steps = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        model, optim = get_state_dict(self.model, [self.optimizer, self.head_optimizer])
+        return {"model": model, "optim": optim, "steps": self.steps, **self.loop_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            [self.optimizer, self.head_optimizer],
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+        self.steps = state_dict["steps"]
+        self.load_loop_state(state_dict)
+
+    def step(self) -> float:
+        self.steps += 1
+        loss = super().step()  # steps the body's optimizer
+        if self.steps >= HEAD_FROM:
+            self.head_optimizer.step()
+        self.head_optimizer.zero_grad()  # set_to_none: no gradient held between steps
+        return loss
+
+
 class Nondeterministic(Correct):
     """Adds input noise from a generator seeded from os.urandom at every step: two identical
     uninterrupted runs differ, everything else is correct."""
@@ -633,6 +677,10 @@ def epoch_not_saved(rank: int, world_size: int) -> Correct:
 
 def averages_unsaved(rank: int, world_size: int) -> Correct:
     return AveragesUnsaved(rank, world_size)
+
+
+def idle_optimizer_saved(rank: int, world_size: int) -> Correct:
+    return IdleOptimizerSaved(rank, world_size)
 
 
 def nondeterministic(rank: int, world_size: int) -> Correct:

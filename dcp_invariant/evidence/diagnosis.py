@@ -41,6 +41,9 @@ LOADS_CUT_SHORT = "the app's load() takes a checkpoint cut short"
 # later (at the first step), so a checkpoint taken before that step would not resume.
 RESTORED_LATE = "restored late"
 NONDETERMINISTIC = "non-deterministic fixture"
+# An arm that saved parts from one that never saved (nor read state_dict()), at or after the
+# save: the checkpoint changed the training it checkpoints.
+SAVE_CHANGED_TRAINING = "the save changed training"
 NON_FINITE = "non-finite loss"
 # A group killed at its deadline (families._groups.timed_out); check() reports a fixture whose
 # first step timed out under it too.
@@ -265,6 +268,25 @@ def nondeterminism(where: str, first: Mapping[str, Any], second: Mapping[str, An
     return []
 
 
+def save_changed_training(
+    where: str, never: Sequence[str], saving: Sequence[str], steps_before: int, named_objects: str
+) -> list[str]:
+    """The losses after the save of an arm that never saved (``never``) and of one that saved
+    (``saving``), which agreed on every step before it: the first step where they part.
+    ``named_objects``: what differed in the app's objects right after the save, if anything."""
+    for index, (want, got) in enumerate(zip(never, saving, strict=False), start=1):
+        if want == got:
+            continue
+        return [
+            f"{SAVE_CHANGED_TRAINING}: {where}: a run that never saves and one that saved after "
+            f"step {steps_before} part at step {steps_before + index} (loss {number(want)} vs "
+            f"{number(got)}), though they agree on every step before the save: the save, or the "
+            "state_dict() it reads, changes the training it checkpoints"
+            + (f"; {named_objects}" if named_objects else "")
+        ]
+    return []
+
+
 CHANGED_DURING_SAVE = "changed during the save"
 # The causes in the order a report ranks them (docs/diagnoses.md lists them so): a state that
 # did not round-trip explains every later difference, so it comes first.
@@ -274,6 +296,7 @@ RANKED_CAUSES = (
     UNSEALABLE,
     LOADS_CUT_SHORT,
     RESTORED_LATE,
+    SAVE_CHANGED_TRAINING,
     OUTSIDE_STATE_DICT,
     NOT_RESTORED,
     NONDETERMINISTIC,

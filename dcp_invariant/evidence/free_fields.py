@@ -81,6 +81,12 @@ FREE_FIELDS: tuple[FreeField, ...] = (
     ),
     FreeField(
         "observations/*.json",
+        "never_saves.ranks[].objects.*",
+        "they only name what the save changed, in a reason that fails on its own (the losses "
+        "after the save differ)",
+    ),
+    FreeField(
+        "observations/*.json",
         "target.ranks[].objects.*",
         "right after the load they only name a cause in a reason that fails on its own; at the "
         "end only the app's tensors and generators are judged, not its numbers, strings or the "

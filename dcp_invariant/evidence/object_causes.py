@@ -97,6 +97,37 @@ def at_the_end(expected: Objects, got: Objects, volatile: set[str]) -> list[str]
     ]
 
 
+def changed_by_save(never: Objects, saving: Objects) -> list[str]:
+    """The tensors and generators (:data:`_COMPARED_AT_END`) that differ right after the save
+    between an arm that never saved and one that saved, or that only one of them has: what the
+    save, or the ``state_dict()`` it read, did to the app (both walks were marked volatile
+    alike, :func:`settle`). The global RNGs are left out, as at the end of a resume."""
+    return [
+        p
+        for p in differing(never, saving, set())
+        if not p.startswith(_GLOBAL)
+        and any(_COMPARED_AT_END.fullmatch(v) for v in (never.get(p, ""), saving.get(p, "")))
+    ]
+
+
+# What a save that changed training most often did, by what it left in the app.
+_SAVE_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"\.state\.\d+\."),
+        "an optimizer that had not stepped yet (no state) was stepped with zero gradients by "
+        "get_state_dict / get_optimizer_state_dict as the save read it (_init_optim_state in "
+        "torch/distributed/checkpoint/state_dict.py; pytorch#140898), so its step count and "
+        "moments now differ from a run that never saved: save an optimizer that has not "
+        "stepped with its own state_dict(), or keep it out of the checkpoint until it steps",
+    ),
+)
+
+
+def save_causes(paths: Sequence[str]) -> list[str]:
+    """The likely reasons a save changed training, from what it changed (:func:`changed_by_save`)."""
+    return [fix for pattern, fix in _SAVE_CAUSES if any(pattern.search(p) for p in paths)]
+
+
 def shown(expected: Objects, got: Objects, paths: Sequence[str], before: str, after: str) -> str:
     """Up to :data:`MAX_NAMED` paths with what each held: numbers by value, the rest by kind."""
     parts = []
@@ -141,21 +172,26 @@ def ignored(path: str, paths: Sequence[str]) -> bool:
     return any(path == p or path.startswith(p + ".") for p in paths)
 
 
-def settle(first: Any, second: Any, resumed: Any, ignoring: Sequence[str] = ()) -> None:
+def settle(
+    first: Any, second: Any, resumed: Any, ignoring: Sequence[str] = (), *, never_saves: Any = None
+) -> None:
     """Make what the ranks recorded of the app's objects repeat from run to run, in place, and
     leave out the attributes the plan ignores (``ignoring``).
 
-    ``first`` and ``second`` are the two uninterrupted arms' group records, ``resumed`` the
-    resumed group's (each may be None). An attribute the two arms disagree on at a point (a
-    timestamp; Python's own RNG, reseeded in every process) becomes :data:`VOLATILE` there, in
-    both arms and in the resumed arm at the matching point; one only the resumed arm has is
-    kept by its kind alone (a value the arms never had, such as a time the load took, may
-    differ in every run). Evidence holds no value that a run cannot repeat.
+    ``first`` and ``second`` are the two uninterrupted arms that save (group records),
+    ``resumed`` the resumed group's, ``never_saves`` the arm that never saves (each may be
+    None). An attribute the two saving arms disagree on at a point (a timestamp; Python's own
+    RNG, reseeded in every process) becomes :data:`VOLATILE` there, in every arm and in the
+    resumed arm at the matching point; one only the resumed arm has is kept by its kind alone
+    (a value the arms never had, such as a time the load took, may differ in every run).
+    Evidence holds no value that a run cannot repeat.
     """
     arms = [_by_rank(first), _by_rank(second)]
+    never = _by_rank(never_saves)
     target = _by_rank(resumed)
+    walked = ((arms[0], _ARM), (arms[1], _ARM), (never, _ARM), (target, _RESUMED))
     if ignoring:
-        for group, phases in ((arms[0], _ARM), (arms[1], _ARM), (target, _RESUMED)):
+        for group, phases in walked:
             for rank in group.values():
                 for phase in phases:
                     recorded = walk(rank, phase)
@@ -168,11 +204,12 @@ def settle(first: Any, second: Any, resumed: Any, ignoring: Sequence[str] = ()) 
             unstable = volatile(*walks) if all(w is not None for w in walks) else set()
             for recorded in walks:
                 _mark(recorded, unstable)
+            _mark(walk(never.get(rank), arm_phase), unstable)
             _settle_resumed(walk(target.get(rank), resumed_phase), walks[0], unstable)
     _intern(
         [
             walk(group.get(rank), phase)
-            for group, phases in ((arms[0], _ARM), (arms[1], _ARM), (target, _RESUMED))
+            for group, phases in walked
             for rank in sorted(group)
             for phase in phases
         ]

@@ -44,6 +44,7 @@ from dcp_invariant.suite.fixture import (
 )
 from dcp_invariant.suite.scenarios.payloads import (
     FixtureLoadCut,
+    FixtureNeverSaves,
     FixtureProbe,
     FixtureProbeRecord,
     FixtureResume,
@@ -208,6 +209,38 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
     if record["objects"]["final"] is None:  # no step after the async one's, or none at all
         record["objects"]["final"] = _objects(app, payload["objects"])
     report(record)
+
+
+def fixture_never_saves(
+    rank: int, world_size: int, payload: FixtureNeverSaves, report: Reporter
+) -> None:
+    """Take N+K steps without saving, and without reading ``state_dict()`` either: reading it
+    is what a save does first, and it can change training (``get_state_dict`` steps an
+    optimizer that has no state yet with zero gradients, ``_init_optim_state`` in
+    torch/distributed/checkpoint/state_dict.py; pytorch#140898). Losses, and the app's own
+    objects at step N and at the end (read by attribute, never through the app), are what
+    the arms that save are held to."""
+    spec = payload["fixture"]
+    app = build_app(spec, rank, world_size, payload["fixture_args"])
+    checkpointing.expect(app, payload["shape"])
+    record: dict[str, Any] = {
+        "losses_after": [],
+        "losses_before": [],
+        "objects": {"final": None, "saved": None},
+        "rank": rank,
+    }
+    n, k = payload["steps_before"], payload["steps_after"]
+    for step in range(1, n + k + 1):
+        loss = _loss(spec, app)
+        record["losses_before" if step <= n else "losses_after"].append(loss.hex())
+        if step == n:
+            with digest.remembering():
+                record["objects"]["saved"] = _objects(app, True)
+        if step == n + k:
+            with digest.remembering():
+                record["objects"]["final"] = _objects(app, True)
+        report(record)
+        _stop_if_not_finite(loss, f"step {step}")
 
 
 def _objects(app: Anchored, wanted: bool) -> dict[str, str] | None:

@@ -90,6 +90,21 @@ def train_group(w: int, steps_after: int) -> dict[str, Any]:
     return {"exit_codes": [0] * w, "ranks": ranks, "timed_out": False}
 
 
+def never_saves_group(w: int) -> dict[str, Any]:
+    """The arm that never saves: the same losses, its walks where the arms that save walk."""
+    n, k = PLAN.steps_before, PLAN.steps_after
+    ranks = [
+        {
+            "losses_after": [_loss(w, n + s) for s in range(1, k + 1)],
+            "losses_before": [_loss(w, s) for s in range(1, n + 1)],
+            "objects": {"final": objects(w, n + k), "saved": objects(w, n)},
+            "rank": r,
+        }
+        for r in range(w)
+    ]
+    return {"exit_codes": [0] * w, "ranks": ranks, "timed_out": False}
+
+
 def resume_group(a: int, b: int, compare: bool) -> dict[str, Any]:
     """Ranks at ``b`` that loaded the state saved at ``a`` and took K steps."""
     n, k = PLAN.steps_before, PLAN.steps_after
@@ -138,6 +153,7 @@ def observations() -> dict[str, dict[str, Any]]:
             out[name] = {
                 **_common(name),
                 "commit": commit(a),
+                "never_saves": never_saves_group(a),
                 "reference": train_group(a, PLAN.steps_after),
                 "repeat": train_group(a, PLAN.steps_after),
                 "target": resume_group(a, b, compare=True),
@@ -146,9 +162,8 @@ def observations() -> dict[str, dict[str, Any]]:
                 mode = scenario.async_mode
                 out[name]["save_mode"] = mode
                 facts = {"pending_during_step": True, "staged_first": mode == "staged"}
-                for arm in ("reference", "repeat"):
-                    for rank in out[name][arm]["ranks"]:
-                        rank["async"] = {**facts, "upload_error": None}
+                for rank in out[name]["reference"]["ranks"]:
+                    rank["async"] = {**facts, "upload_error": None}
         elif scenario.family == "reshard":
             out[name] = {
                 **_common(name),

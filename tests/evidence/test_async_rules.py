@@ -48,7 +48,7 @@ def test_a_failed_background_write_fails_the_scenario_with_its_error(name: str) 
 @pytest.mark.parametrize("name", ASYNC)
 def test_a_write_that_did_not_overlap_the_next_step_fails(name: str) -> None:
     obs = observation(name)
-    obs["repeat"]["ranks"][0]["async"]["pending_during_step"] = False
+    obs["reference"]["ranks"][0]["async"]["pending_during_step"] = False
     reasons = rules.derive(name, obs, run_plan=RUN_PLAN)
     assert any("so nothing overlapped it" in r for r in reasons), reasons
 
@@ -78,13 +78,8 @@ def own_observation(name: str) -> dict[str, Any]:
     no staging."""
     obs = observation(name)
     obs["save_mode"] = "app"
-    for arm in ("reference", "repeat"):
-        for rank in obs[arm]["ranks"]:
-            rank["async"] = {
-                "pending_during_step": None,
-                "staged_first": False,
-                "upload_error": None,
-            }
+    for rank in obs["reference"]["ranks"]:
+        rank["async"] = {"pending_during_step": None, "staged_first": False, "upload_error": None}
     return obs
 
 
@@ -115,12 +110,12 @@ def test_an_apps_async_save_claimed_to_overlap_or_mislabelled_fails() -> None:
 
 def test_an_apps_future_that_raised_and_a_late_read_are_named_as_the_apps() -> None:
     obs = own_observation("async_resume_1")
-    obs["repeat"]["ranks"][0]["async"]["upload_error"] = "OSError"
+    obs["reference"]["ranks"][0]["async"]["upload_error"] = "OSError"
     after = obs["reference"]["ranks"][0]["steps"][0]["keys"]
     loaded = obs["target"]["ranks"][0]["loaded"]
     for key in [k for k in loaded if k.startswith("app.model.")]:
         loaded[key] = after[key]
     reasons = rules.derive("async_resume_1", obs, run_plan=OWN_PLAN)
-    assert "async save (repeat) rank 0: the app's save() future raised: OSError" in reasons
+    assert "async save (reference) rank 0: the app's save() future raised: OSError" in reasons
     during = [r for r in reasons if r.startswith("changed during the save: rank 0: ")]
     assert len(during) == 1 and "the app's save() returned before it had copied them" in during[0]

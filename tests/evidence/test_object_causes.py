@@ -169,3 +169,34 @@ def test_an_alias_one_run_keeps_moves_a_path_and_proves_nothing_at_the_end() -> 
 def test_a_counter_named_like_a_generator_is_not_one() -> None:
     assert object_causes.likely_causes(["app.general_steps"]) == []
     assert object_causes.likely_causes(["app.gen"]) == object_causes.likely_causes(["app.data_rng"])
+
+
+def test_the_arm_that_never_saves_is_settled_with_the_arms_that_save() -> None:
+    """Volatile where the two arms that save disagree, ignored paths left out, and its digests
+    labelled with theirs (after them): equal labels across the arms are equal values."""
+    one, two = "1" * 64, "2" * 64
+    first = _group({"saved": {"t": "int 1", "w": f"float32[2] {one}"}, "final": None})
+    second = _group({"saved": {"t": "int 2", "w": f"float32[2] {one}"}, "final": None})
+    never = _group(
+        {"saved": {"t": "int 3", "w": f"float32[2] {two}", "app.ema": "int 1"}, "final": None}
+    )
+    object_causes.settle(first, second, None, ("app.ema",), never_saves=never)
+    assert never["ranks"][0]["objects"]["saved"] == {"t": "volatile", "w": "float32[2] ~2"}  # type: ignore[index]
+    assert first["ranks"][0]["objects"]["saved"]["w"] == "float32[2] ~1"  # type: ignore[index]
+
+
+def test_what_a_save_changed_is_its_tensors_and_generators() -> None:
+    """New optimizer state and a changed tensor are named, with their likely cause; a number
+    the save moved and the global RNGs are not."""
+    never = {"app.w": "float32[2] ~1", "app.saves": "int 0", "rng.torch": "ByteTensor ~2"}
+    saved = {
+        "app.w": "float32[2] ~3",
+        "app.saves": "int 1",
+        "rng.torch": "ByteTensor ~4",
+        "app.head_opt.state.0.step": "float32[] ~5",
+    }
+    paths = object_causes.changed_by_save(never, saved)
+    assert paths == ["app.head_opt.state.0.step", "app.w"]
+    (cause,) = object_causes.save_causes(paths)
+    assert "_init_optim_state" in cause and "pytorch#140898" in cause
+    assert object_causes.save_causes(["app.w"]) == []

@@ -75,3 +75,67 @@ def test_an_attribute_the_plan_ignores_is_not_among_what_was_recorded() -> None:
     )
     reasons = derive("resume_1", real("resume_1"), ignoring)
     assert reasons == ["plan: reference rank 0 recorded app.gen, which it ignores"], reasons
+
+
+# --- the arm that never saves ---------------------------------------------------------------
+
+
+def _part_after_the_save(obs: dict[str, Any], step: int) -> str:
+    """The arm that never saves takes another loss at resumed step ``step`` on rank 0."""
+    rank = obs["never_saves"]["ranks"][0]
+    rank["losses_after"][step - 1] = float.hex(float.fromhex(rank["losses_after"][step - 1]) + 1)
+    return str(rank["losses_after"][step - 1])
+
+
+@pytest.mark.parametrize("name", ["resume_1", "async_resume_2", "async_process_resume_1"])
+def test_an_arm_that_never_saved_parting_after_the_save_is_the_save_changed_training(
+    name: str,
+) -> None:
+    obs = real(name)
+    n = obs["steps_before_save"]
+    loss = _part_after_the_save(obs, 2)
+    # What the save made that the run that never saved lacks: optimizer state.
+    saved = obs["reference"]["ranks"][0]["objects"]["saved"]
+    made = "app.head.state.0.step"
+    saved[made] = "float32[] ~1"
+    reasons = derive(name, obs)
+    assert len(reasons) == 1, reasons
+    assert reasons[0].startswith(
+        f"{diagnosis.SAVE_CHANGED_TRAINING}: rank 0: a run that never saves and one that saved "
+        f"after step {n} part at step {n + 2} (loss {diagnosis.number(loss)} vs "
+    ), reasons
+    assert f"the app's {made} (new after the save: float32[]) differ" in reasons[0]
+    assert "_init_optim_state" in reasons[0]
+
+
+def test_only_tensors_and_generators_the_save_changed_are_named() -> None:
+    """A number the save moves (a count of saves) is bookkeeping, and no optimizer state was
+    made: the reason stands on the losses and names nothing."""
+    obs = real("resume_1")
+    _part_after_the_save(obs, 1)
+    obs["reference"]["ranks"][0]["objects"]["saved"]["app.saves"] = "int 1"
+    (reason,) = derive("resume_1", obs)
+    assert reason.startswith(f"{diagnosis.SAVE_CHANGED_TRAINING}: rank 0: ")
+    assert "app.saves" not in reason and "likely" not in reason, reason
+
+
+def test_an_arm_that_never_saved_parting_before_the_save_is_non_determinism() -> None:
+    """Before the save it is one more uninterrupted run: parting there blames nothing."""
+    obs = real("resume_2")
+    rank = obs["never_saves"]["ranks"][1]
+    rank["losses_before"][0] = float.hex(float.fromhex(rank["losses_before"][0]) + 1)
+    _part_after_the_save(obs, 1)
+    reasons = derive("resume_2", obs)
+    assert [r.split(": ")[:2] for r in reasons] == [[diagnosis.NONDETERMINISTIC, "rank 1"]]
+    assert "two uninterrupted runs differ at step 1 in the loss" in reasons[0]
+
+
+def test_an_arm_that_never_saved_and_did_not_finish_is_named() -> None:
+    obs = real("resume_1")
+    obs["never_saves"]["ranks"][0]["losses_after"].pop()
+    assert derive("resume_1", obs) == [
+        f"uninterrupted run (never_saves) rank 0: did not take {obs['steps_before_save']} + "
+        f"{obs['steps_after']} steps"
+    ]
+    obs["never_saves"] = None
+    assert derive("resume_1", obs) == ["never_saves: did not run"]

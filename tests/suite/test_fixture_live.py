@@ -213,6 +213,23 @@ def test_a_generator_restored_at_the_first_step_is_named_restored_late() -> None
     )
 
 
+def test_a_save_that_steps_an_idle_optimizer_is_named_the_save_changed_training() -> None:
+    """get_state_dict steps the head's optimizer, which has not stepped yet, as the save reads
+    it: every run that saves trains the head otherwise than a run that never saves, and the
+    resume from that save is exact. Only the arm that never saves shows it; the reason names
+    the optimizer state the save made, and the mechanism."""
+    (reason,) = derive("idle_optimizer_saved", ["resume_1"], (1,))["resume_1"]
+    assert reason.startswith(
+        "the save changed training: rank 0: a run that never saves and one that saved after "
+        "step 3 part at step 6 (loss "
+    ), reason
+    assert (
+        "right after the save the app's app.head_optimizer.state.0.exp_avg (new after the "
+        "save: float32[1,16])" in reason
+    ), reason
+    assert "_init_optim_state in torch/distributed/checkpoint/state_dict.py" in reason, reason
+
+
 def test_a_sampler_epoch_left_out_of_state_dict_is_named_by_its_attribute() -> None:
     """The step after the next reshuffle differs; the reason names the attribute, with the
     values it held at the save and after the load, and the fix, before the generic advice."""

@@ -31,6 +31,9 @@ def task(call: payloads.Call, rank: int, world_size: int) -> torchrun.TaskResult
         steps = [{"keys": {"app.w": "11"}, "loss": "0x1.0p-1"}]
         record = {"rank": rank, "losses_before": ["0x1.0p+0"], "saved": {"app.w": "10"}}
         return {"exit_code": 0, "record": {**record, "steps": steps}}
+    if call.task == payloads.FIXTURE_NEVER_SAVES.ref:
+        losses = {"losses_before": ["0x1.0p+0"], "losses_after": ["0x1.0p-1"]}
+        return {"exit_code": 0, "record": {"rank": rank, **losses}}
     assert call.task == payloads.FIXTURE_RESUME.ref, call.task
     record = {"rank": rank, "generation": RECEIPT, "loaded": {"app.w": "10"}, "diffs": []}
     return {"exit_code": 0, "record": {**record, "steps": [], "payload": dict(call.payload)}}
@@ -144,16 +147,18 @@ def test_a_rank_of_a_job_observes_what_the_pool_observes(
     _, on_pool = run(the_plan, name, host.PoolHost(POOL), tmp_path / "pool")
 
     recorded = attempt0(tmp_path / "job", name)
-    assert stand_ins == ["fixture_train", "fixture_train"]  # the arms, then the restart
+    # The arms, then the restart.
+    assert stand_ins == ["fixture_train", "fixture_never_saves", "fixture_train"]
     assert [e.get("group", e.get("commit")) for e in recorded] == [
         "reference",
+        "never_saves",
         "repeat",
         the_plan.baseline_label,
     ]
     assert (tmp_path / "job" / "commit.json").is_file()  # what a second launch looks for
     _, in_job = run(the_plan, name, rank0(tmp_path / "job", recorded), tmp_path / "job")
 
-    assert stand_ins[2:] == ["fixture_resume"]  # after the restart: the loading ranks alone
+    assert stand_ins[3:] == ["fixture_resume"]  # after the restart: the loading ranks alone
     assert in_job == on_pool
     assert in_job["target"]["ranks"][1]["generation"] == "receipt-1"  # as rank 0 labelled it
     assert in_job["left_running"] == [] and in_job["errors"] == []
@@ -184,7 +189,7 @@ def test_a_second_launch_reshards_the_first_launchs_source_and_commit(
     # The source is the first launch's uninterrupted arm up to its save.
     arm = recorded[0]["outcome"]
     assert obs["source"] == {**arm, "ranks": [{**r, "steps": []} for r in arm["ranks"]]}
-    assert obs["commit"] == recorded[2]["record"]
+    assert obs["commit"] == recorded[3]["record"]
     ranks = obs["target"]["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert {r["generation"] for r in ranks} == {"receipt-1"}
@@ -204,12 +209,12 @@ def test_records_another_attempt_did_not_make_are_refused(tmp_path: Path) -> Non
     recorded = attempt0(tmp_path, "resume_2")
     with pytest.raises(errors.InJobError, match="record 1 is not group reference"):
         run(in_job_plan(2), "resume_2", rank0(tmp_path, recorded[1:]), tmp_path)
-    with pytest.raises(errors.InJobError, match="replayed 3 of the 4 records"):
+    with pytest.raises(errors.InJobError, match="replayed 4 of the 5 records"):
         run(in_job_plan(2), "resume_2", rank0(tmp_path, [*recorded, recorded[0]]), tmp_path)
     with pytest.raises(errors.InJobError, match="another version"):
         torchrun.entries({"reference": {}, "repeat": {}, "pointer_seen": True})
     with pytest.raises(errors.InJobError, match="committed no checkpoint"):
-        torchrun.resharded(recorded[:2])
+        torchrun.resharded(recorded[:3])
 
 
 def test_a_failed_commit_stops_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,7 @@ from dcp_invariant.evidence.checks import (
     type_name,
 )
 from dcp_invariant.evidence.families._groups import (
+    NON_FINITE,
     first_non_finite_loss,
     group_finished,
     stopped_at_non_finite_loss,
@@ -95,6 +96,14 @@ _train_fields: dict[str, Check] = {
 }
 
 fixture_train_rank = record(**_train_fields)
+
+# What a rank of the arm that never saves reports (fixture_never_saves): losses and its walks.
+never_saves_rank = record(
+    rank=integer(0),
+    losses_before=list_of(float_hex, plan.MAX_STEPS),
+    losses_after=list_of(float_hex, plan.MAX_STEPS),
+    objects=_objects_at("saved", "final"),
+)
 
 fixture_resume_rank = record(
     **load_fields,
@@ -173,6 +182,24 @@ def fixture_arm(
                 f"and take {steps_after} more"
             )
     return reasons
+
+
+def never_saving_arm(
+    group: GroupRecord, world_size: int, steps_before: int, steps_after: int, where: str
+) -> list[str]:
+    """The arm that never saves, which took N+K steps on every rank (a rank stops at a NaN or
+    infinite loss, as the saving arms do: the first reason then)."""
+    diverged, reasons = [], group_finished(group, world_size, where)
+    for rank in group["ranks"]:
+        losses = enumerate(rank["losses_before"] + rank["losses_after"], start=1)
+        found = next(((step, loss) for step, loss in losses if loss in NON_FINITE), None)
+        if found is not None:
+            diverged.append(diagnosis.non_finite_loss(f"{where} rank {rank['rank']}", *found))
+        elif (len(rank["losses_before"]), len(rank["losses_after"])) != (steps_before, steps_after):
+            reasons.append(
+                f"{where} rank {rank['rank']}: did not take {steps_before} + {steps_after} steps"
+            )
+    return diverged + reasons
 
 
 def saved_by_rank(group: GroupRecord) -> dict[int, dict[str, str]]:
@@ -258,6 +285,13 @@ def fixture_sightings(seen: Sightings, name: str, obs: Obs, run_plan: plan.Plan)
     w = obs["source_world_size"]
     # Every arm that trained N steps and saved: an async save records the state at the save.
     arms = ("source",) if "source" in obs else ("reference", "repeat")
+    for rank in (obs.get("never_saves") or {"ranks": []})["ranks"]:
+        seen.add(
+            f"the losses before the save on rank {rank['rank']} of {w}",
+            name,
+            f"never_saves rank {rank['rank']}'s losses",
+            rank["losses_before"],
+        )
     for arm in arms:
         if obs.get(arm) is None:
             continue

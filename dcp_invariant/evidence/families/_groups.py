@@ -62,13 +62,13 @@ def first_non_finite_loss(rank: Obs, steps_before: int) -> tuple[int, str] | Non
     losses = list(enumerate(rank.get("losses_before", []), start=1))
     losses += [(steps_before + i, s["loss"]) for i, s in enumerate(rank["steps"], start=1)]
     for step, loss in losses:
-        if loss in _NON_FINITE:
+        if loss in NON_FINITE:
             return step, loss
     return None
 
 
 # float.hex() of the values that are not finite; the shape check admits no other spelling.
-_NON_FINITE = ("nan", "inf", "-inf")
+NON_FINITE = ("nan", "inf", "-inf")
 
 
 def stopped_at_non_finite_loss(rank: Obs) -> bool:

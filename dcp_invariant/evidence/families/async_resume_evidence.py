@@ -13,6 +13,8 @@ from dcp_invariant.evidence.families._fixture_arms import (
     async_train_rank,
     fixture_common_fields,
     fixture_sightings,
+    fixture_train_rank,
+    never_saves_rank,
     saved_by_rank,
 )
 from dcp_invariant.evidence.families._promotion import commit_at_baseline
@@ -21,8 +23,10 @@ from dcp_invariant.evidence.families._record_parts import Obs, always, group
 SHAPE = record(
     **fixture_common_fields,
     save_mode=one_of(*get_args(plan.AsyncMode)),
+    never_saves=optional(group(never_saves_rank)),
     reference=optional(group(async_train_rank)),
-    repeat=optional(group(async_train_rank)),
+    # The scenarios at one world size share it: it saves synchronously (resume.py).
+    repeat=optional(group(fixture_train_rank)),
 )
 
 shape_for = always(SHAPE)
@@ -35,26 +39,23 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if mode != scenario.async_mode:
         reasons.append(f"plan: saved in {mode} mode, the scenario saves in {scenario.async_mode}")
     by_app = mode == "app"
-    for arm in ("reference", "repeat"):
-        for rank in (obs[arm] or {"ranks": []})["ranks"]:
-            facts, where = rank["async"], f"async save ({arm}) rank {rank['rank']}"
-            if facts["upload_error"] is not None:
-                whose = (
-                    "the app's save() future raised" if by_app else "the background write failed"
-                )
-                reasons.append(f"{where}: {whose}: {facts['upload_error']}")
-            # The tool holds DCP's writer back until step N+1 is over, so that step overlaps
-            # the write; an app's writer is its framework's, and whether it still ran is its
-            # timing (not recorded: two runs would differ).
-            if by_app and facts["pending_during_step"] is not None:
-                reasons.append(f"{where}: an app's save is not held back, so no overlap is known")
-            elif not by_app and facts["pending_during_step"] is not True:
-                reasons.append(
-                    f"{where}: the write had finished before step {n + 1} ended, so nothing "
-                    "overlapped it"
-                )
-            if facts["staged_first"] != (mode == "staged"):
-                reasons.append(f"{where}: staging did not follow the {mode} mode")
+    for rank in (obs["reference"] or {"ranks": []})["ranks"]:
+        facts, where = rank["async"], f"async save (reference) rank {rank['rank']}"
+        if facts["upload_error"] is not None:
+            whose = "the app's save() future raised" if by_app else "the background write failed"
+            reasons.append(f"{where}: {whose}: {facts['upload_error']}")
+        # The tool holds DCP's writer back until step N+1 is over, so that step overlaps
+        # the write; an app's writer is its framework's, and whether it still ran is its
+        # timing (not recorded: two runs would differ).
+        if by_app and facts["pending_during_step"] is not None:
+            reasons.append(f"{where}: an app's save is not held back, so no overlap is known")
+        elif not by_app and facts["pending_during_step"] is not True:
+            reasons.append(
+                f"{where}: the write had finished before step {n + 1} ended, so nothing "
+                "overlapped it"
+            )
+        if facts["staged_first"] != (mode == "staged"):
+            reasons.append(f"{where}: staging did not follow the {mode} mode")
     during = []
     if obs["target"] is not None and obs["reference"] is not None:
         after_save = {

@@ -1,5 +1,5 @@
 """The resume family of a fixture run: fresh ranks load the save at the same world size and
-match the uninterrupted run's next steps."""
+match the uninterrupted run's next steps; and the run that saved matches one that never did."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dcp_invariant.evidence.families._fixture_arms import (
     fixture_sightings,
     fixture_train_rank,
     load_failures,
+    never_saves_rank,
+    never_saving_arm,
     saved_by_rank,
 )
 from dcp_invariant.evidence.families._groups import group_finished
@@ -24,6 +26,7 @@ from dcp_invariant.evidence.families._record_parts import Obs, always, group
 
 SHAPE = record(
     **fixture_common_fields,
+    never_saves=optional(group(never_saves_rank)),
     reference=optional(group(fixture_train_rank)),
     repeat=optional(group(fixture_train_rank)),
 )
@@ -34,17 +37,31 @@ shape_for = always(SHAPE)
 def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     n, k, w = obs["steps_before_save"], obs["steps_after"], scenario.source_world_size
     reasons: list[str] = []
-    for arm in ("reference", "repeat"):
+    # In the order the driver runs them: the first that did not run is the one that stopped it.
+    for arm, check in (
+        ("reference", fixture_arm),
+        ("never_saves", never_saving_arm),
+        ("repeat", fixture_arm),
+    ):
         if obs[arm] is None:
             return [*reasons, f"{arm}: did not run"]
-        reasons += fixture_arm(obs[arm], w, n, k, f"uninterrupted run ({arm})")
+        reasons += check(obs[arm], w, n, k, f"uninterrupted run ({arm})")
     if reasons:
         return reasons
     reference = {r["rank"]: r for r in obs["reference"]["ranks"]}
+    never = {r["rank"]: r for r in obs["never_saves"]["ranks"]}
     for rank in obs["repeat"]["ranks"]:
         reasons += diagnosis.nondeterminism(f"rank {rank['rank']}", reference[rank["rank"]], rank)
+    for r, rank in sorted(never.items()):
+        if not reasons and r in reference:
+            # Before the save, the arm that never saves is one more uninterrupted run.
+            before = {"losses_before": rank["losses_before"], "saved": None, "steps": []}
+            reasons += diagnosis.nondeterminism(
+                f"rank {r}", {**reference[r], "saved": None, "steps": []}, before
+            )
     if reasons:
         return reasons  # nothing else can be judged on a fixture that does not repeat itself
+    save_changed = _save_changed(obs, n)
     commit = obs["commit"]
     if commit is None:
         return ["commit: did not run"]
@@ -106,7 +123,37 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         if not diverged and not cause_1:
             diverged = _unseen_at_the_end(scenario, arms, rank, where, k)
         cause_2 += diverged
-    return reasons + cause_1 + hints + cause_2
+    return reasons + cause_1 + hints + save_changed + cause_2
+
+
+def _save_changed(obs: Obs, n: int) -> list[str]:
+    """Where the arm whose save is loaded parts from the arm that never saves, after the save,
+    with what the save changed in the app's objects."""
+    never = {r["rank"]: r for r in obs["never_saves"]["ranks"]}
+    reasons = []
+    for rank in obs["reference"]["ranks"]:
+        other = never.get(rank["rank"])
+        if other is None:
+            continue  # already reported: the arms' ranks are not the planned ones
+        without, saved = object_causes.walk(other, "saved"), object_causes.walk(rank, "saved")
+        named = ""
+        if without is not None and saved is not None:
+            paths = object_causes.changed_by_save(without, saved)
+            if paths:
+                named = "right after the save the app's " + object_causes.shown(
+                    without, saved, paths, "without the save", "after the save"
+                )
+                named += " differ" + "".join(
+                    f"; likely {c}" for c in object_causes.save_causes(paths)
+                )
+        reasons += diagnosis.save_changed_training(
+            f"rank {rank['rank']}",
+            other["losses_after"],
+            [s["loss"] for s in rank["steps"]],
+            n,
+            named,
+        )
+    return reasons
 
 
 def _objects_after_load(arms: tuple[Obs, Obs | None], rank: Obs) -> str:

@@ -101,6 +101,17 @@ class FixtureTrain(TypedDict):
     timeout: NotRequired[float]
 
 
+class FixtureNeverSaves(TypedDict):
+    """N+K steps of the fixture, never saving and never reading ``state_dict()``: the reference
+    a save is held to (``get_state_dict`` can step an optimizer, pytorch#140898)."""
+
+    shape: plan.AppShape
+    fixture: str
+    fixture_args: FixtureArgs
+    steps_after: int
+    steps_before: int
+
+
 class FixtureResume(TypedDict):
     compare_steps: bool
     shape: plan.AppShape  # who saves and loads, the tool or the app, and what the app declares
@@ -170,6 +181,7 @@ DTENSOR_SAVE: Final = Task(f"{_TASKS}:dtensor_save", DTensorSave)
 DTENSOR_LOAD: Final = Task(f"{_TASKS}:dtensor_load", DTensorLoad)
 FIXTURE_PROBE: Final = Task(f"{_FIXTURE_TASKS}:fixture_probe", FixtureProbe)
 FIXTURE_TRAIN: Final = Task(f"{_FIXTURE_TASKS}:fixture_train", FixtureTrain)
+FIXTURE_NEVER_SAVES: Final = Task(f"{_FIXTURE_TASKS}:fixture_never_saves", FixtureNeverSaves)
 FIXTURE_RESUME: Final = Task(f"{_FIXTURE_TASKS}:fixture_resume", FixtureResume)
 FIXTURE_LOAD_CUT: Final = Task(f"{_FIXTURE_TASKS}:fixture_load_cut", FixtureLoadCut)
 # Every task a driver or the runner sends, and the ones that load a checkpoint: a scenario that
@@ -182,6 +194,7 @@ TASKS: Final = (
     DTENSOR_LOAD,
     FIXTURE_PROBE,
     FIXTURE_TRAIN,
+    FIXTURE_NEVER_SAVES,
     FIXTURE_RESUME,
     FIXTURE_LOAD_CUT,
 )

@@ -3,27 +3,46 @@
 async_resume saves with ``dcp.async_save`` and takes step N+1 while the write is held back; the
 checkpoint must still hold the state at step N.
 
-The uninterrupted arm runs twice, so a fixture that does not repeat itself is reported as
-non-deterministic instead of the resume being blamed; then the first arm's checkpoint is sealed
-and promoted, and a fresh group loads it through the pointer and takes the K steps again. In a
-torchrun job (``in-job``) that group is every worker torchrun restarted.
+Three uninterrupted arms take the N+K steps:
+
+- ``never_saves`` never saves, nor reads ``state_dict()``: a save, or the read it starts with,
+  that changes training (``get_state_dict`` stepping an optimizer that has no state yet) shows
+  as the arms that save parting from it (``the save changed training``);
+- ``repeat`` saves at step N, synchronously, and so does ``reference``: two runs that must agree
+  key by key, so a fixture that does not repeat itself is reported as non-deterministic instead
+  of the resume being blamed;
+- ``reference`` saves as the scenario says (synchronously, or async_save's mode); its checkpoint
+  is sealed and promoted, and a fresh group loads it through the pointer and takes the K steps
+  again. In a torchrun job (``in-job``) that group is every worker torchrun restarted.
+
+``never_saves`` and ``repeat`` are the same at one world size whatever the scenario, so on this
+machine's pool the scenarios at that size share one run of each (:mod:`.shared_groups`); each
+observation holds a copy of their records.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from dcp_invariant.evidence import object_causes
 from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, ScenarioContext
-from dcp_invariant.suite.scenarios.payloads import FIXTURE_TRAIN, FixtureTrain
+from dcp_invariant.suite.scenarios.payloads import FIXTURE_NEVER_SAVES, FIXTURE_TRAIN, FixtureTrain
 from dcp_invariant.suite.scenarios.reshard import resume_group, train_payload
 
+# Where the repeat arm saves: outside the store, which a shared group's scenarios each get a copy
+# of; its save is never sealed.
+REPEAT_SAVES = "repeat-save"
 
-def _arm(ctx: ScenarioContext, label: str, snapshots: str | None) -> FixtureTrain:
-    """An uninterrupted arm's payload: N steps, the save (async as the scenario says), K more."""
+
+def _arm(
+    ctx: ScenarioContext, label: str, snapshots: str | None, *, as_planned: bool
+) -> FixtureTrain:
+    """An uninterrupted arm's payload: N steps, the save (``as_planned``: async as the scenario
+    says; else synchronous), K more."""
     sc = ctx.scenario
     payload = train_payload(ctx, label, snapshots, ctx.run_plan.steps_after, objects=True)
-    if sc.async_mode:
+    if sc.async_mode and as_planned:
         payload["async_mode"] = sc.async_mode
         payload["timeout"] = ctx.host.timeout
     return payload
@@ -36,6 +55,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         fixture=ctx.fixture,
         steps_before_save=the_plan.steps_before,
         steps_after=the_plan.steps_after,
+        never_saves=None,
         reference=None,
         repeat=None,
         commit=None,
@@ -46,28 +66,53 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
     with ctx.recording(obs):
         _arms_commit_resume(ctx, obs)
     # What the ranks recorded of the app's objects, made to repeat from run to run.
-    object_causes.settle(obs["reference"], obs["repeat"], obs["target"], ctx.run_plan.ignored_attrs)
+    object_causes.settle(
+        obs["reference"],
+        obs["repeat"],
+        obs["target"],
+        ctx.run_plan.ignored_attrs,
+        never_saves=obs["never_saves"],
+    )
     return obs
 
 
 def _arms_commit_resume(ctx: ScenarioContext, obs: dict[str, Any]) -> None:
-    """The two uninterrupted arms, the commit of the first one's save, the resumed group."""
-    sc = ctx.scenario
-    label = ctx.run_plan.baseline_label
+    """The three uninterrupted arms, the commit of the reference's save, the resumed group."""
+    sc, the_plan = ctx.scenario, ctx.run_plan
+    label = the_plan.baseline_label
     reference = ctx.group(
-        "reference", FIXTURE_TRAIN(_arm(ctx, label, REFERENCE_SNAPSHOTS)), sc.source_world_size
+        "reference",
+        FIXTURE_TRAIN(_arm(ctx, label, REFERENCE_SNAPSHOTS, as_planned=True)),
+        sc.source_world_size,
     )
     obs["reference"] = reference.record()
     if not reference.ok:
         return  # a fixture that fails or hangs once would do it again
-    repeat = ctx.group(
-        "repeat",
-        # Only its records are compared (diagnosis.nondeterminism), never its values:
-        # writing them would double what the run writes besides the checkpoints.
-        FIXTURE_TRAIN(_arm(ctx, f"repeat-{label}", None)),
+    never_saves = ctx.group(
+        "never_saves",
+        FIXTURE_NEVER_SAVES(
+            {
+                "shape": the_plan.shape,
+                "fixture": ctx.fixture,
+                "fixture_args": the_plan.arguments,
+                "steps_after": the_plan.steps_after,
+                "steps_before": the_plan.steps_before,
+            }
+        ),
         sc.source_world_size,
+        shareable=True,
     )
-    obs["repeat"] = repeat.record()
+    # A copy: a shared group's record is every sharing scenario's, and settle() edits its own.
+    obs["never_saves"] = copy.deepcopy(never_saves.record())
+    if not never_saves.ok:
+        return
+    # Only its records are compared (diagnosis.nondeterminism), never its values: writing them
+    # would double what the run writes besides the checkpoints. It saves synchronously in
+    # every scenario, so the scenarios at one world size share it.
+    payload = _arm(ctx, label, None, as_planned=False)
+    payload["checkpoint"] = f"{REPEAT_SAVES}/{label}"
+    repeat = ctx.group("repeat", FIXTURE_TRAIN(payload), sc.source_world_size, shareable=True)
+    obs["repeat"] = copy.deepcopy(repeat.record())
     if not repeat.ok:
         return
     obs["commit"] = ctx.commit(label)

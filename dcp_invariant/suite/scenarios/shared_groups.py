@@ -5,9 +5,11 @@ and save the same way, and so do the three damage scenarios. A group's outcome i
 of its task, world size, name and payload (the suite's evidence is byte-identical from run to
 run), so running it again buys nothing but fresh interpreters, which on the spawn path
 (macOS, Windows) are most of the suite's time. Only groups a driver marks as shareable are
-shared: a group run twice on purpose (a fixture's uninterrupted arm, to catch
-non-determinism) never is. Each scenario then seals, damages, promotes and loads its own copy
-of the checkpoint store, in its own workspace.
+shared. A fixture's arms that run the same steps on purpose, to catch non-determinism, have
+names of their own (``reference``, ``repeat``), so each runs; its ``repeat`` and ``never_saves``
+arms are the same in every scenario at one world size, and are shared (:mod:`.resume`). Each
+scenario then seals, damages, promotes and loads its own copy of the checkpoint store, in its
+own workspace.
 """
 
 from __future__ import annotations
