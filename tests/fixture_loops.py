@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -340,6 +340,72 @@ class IdleOptimizerSaved(Correct):
             self.head_optimizer.step()
         self.head_optimizer.zero_grad()  # set_to_none: no gradient held between steps
         return loss
+
+
+class TeacherNotSaved(Correct):
+    """Distils from an EMA teacher of its own model (AveragedModel) and leaves the teacher out
+    of state_dict(): after a resume the teacher is rebuilt from the loaded student, so the very
+    first resumed loss differs."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.teacher = torch.optim.swa_utils.AveragedModel(
+            self.model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9)
+        )
+
+    def step(self) -> float:
+        inputs, targets = self.batch()
+        out = self.model(inputs)
+        with torch.no_grad():
+            taught = self.teacher(inputs)
+        loss = (out - targets).square().mean() + 0.5 * (out - taught).square().mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.reduce_gradients()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM, foreach=True)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.teacher.update_parameters(self.model)
+        total = loss.detach()
+        dist.all_reduce(total)
+        return float(total) / self.world_size
+
+
+class EmaNotSaved(Correct):
+    """Keeps an EMA of its model for evaluation and leaves it out of state_dict(): no loss
+    shows it, yet after every resume the EMA restarts from the loaded model."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.ema = torch.optim.swa_utils.AveragedModel(
+            self.model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9)
+        )
+
+    def step(self) -> float:
+        loss = super().step()
+        self.ema.update_parameters(self.model)
+        return loss
+
+
+class Compiled(Correct):
+    """The correct loop with its model under torch.compile (the eager backend: dynamo traces
+    and guards, and no C++ compiler is needed). state_dict() names the keys as the uncompiled
+    model does (get_state_dict drops ``_orig_mod``); the walk goes through dynamo's wrapper."""
+
+    def build_model(self) -> torch.nn.Sequential:
+        compiled: Any = torch.compile(super().build_model(), backend="eager")
+        return cast(torch.nn.Sequential, compiled)
+
+
+class FrozenFirstLayer(Correct):
+    """Its first layer is frozen (requires_grad False) yet handed to AdamW with the rest, as a
+    fine-tuning loop often does: those parameters never get gradients or optimizer state.
+    get_state_dict / set_state_dict save and load only what exists, so it resumes exactly."""
+
+    def build_model(self) -> torch.nn.Sequential:
+        model = super().build_model()
+        model[0].requires_grad_(False)
+        return model
 
 
 class Nondeterministic(Correct):
@@ -681,6 +747,22 @@ def averages_unsaved(rank: int, world_size: int) -> Correct:
 
 def idle_optimizer_saved(rank: int, world_size: int) -> Correct:
     return IdleOptimizerSaved(rank, world_size)
+
+
+def teacher_not_saved(rank: int, world_size: int) -> Correct:
+    return TeacherNotSaved(rank, world_size)
+
+
+def ema_not_saved(rank: int, world_size: int) -> Correct:
+    return EmaNotSaved(rank, world_size)
+
+
+def compiled(rank: int, world_size: int) -> Correct:
+    return Compiled(rank, world_size)
+
+
+def frozen_first_layer(rank: int, world_size: int) -> Correct:
+    return FrozenFirstLayer(rank, world_size)
 
 
 def nondeterministic(rank: int, world_size: int) -> Correct:

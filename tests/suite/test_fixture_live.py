@@ -230,6 +230,45 @@ def test_a_save_that_steps_an_idle_optimizer_is_named_the_save_changed_training(
     assert "_init_optim_state in torch/distributed/checkpoint/state_dict.py" in reason, reason
 
 
+def test_an_ema_teacher_left_out_is_named_with_its_fix() -> None:
+    """The teacher distilled from is rebuilt from the loaded student: the first resumed loss
+    differs, and the reason names the teacher's attributes and the fix before the generic
+    advice."""
+    (reason,) = derive("teacher_not_saved", ["resume_1"], (1,))["resume_1"]
+    assert reason.startswith(
+        "state outside state_dict(): rank 0: loaded == saved, but step 4 (resumed step 1) differs"
+    ), reason
+    assert (
+        "the app's objects that differ right after the load: app.teacher.module.0.bias "
+        "(float32[16], differs)"
+    ) in reason, reason
+    fix = "likely an EMA or averaged model is not saved: save its state_dict() beside the model's"
+    assert fix in reason and reason.index(fix) < reason.index("check what steers the next step")
+
+
+def test_an_ema_no_loss_shows_is_caught_at_the_end() -> None:
+    """Every resumed loss matches; after the K steps the EMA does not, and fails on its own."""
+    (reason,) = derive("ema_not_saved", ["resume_1"], (1,))["resume_1"]
+    assert reason.startswith(
+        "state outside state_dict(): rank 0: every resumed step matches, yet after the 3 resumed "
+        "steps the app's app.ema.module.0.bias (float32[16], differs)"
+    ), reason
+    assert reason.endswith(
+        "an EMA or averaged model is not saved: save its state_dict() beside the model's"
+    ), reason
+
+
+@pytest.mark.parametrize(
+    ("fixture", "name"), [("compiled", "resume_1"), ("frozen_first_layer", "resume_2")]
+)
+def test_correct_near_misses_pass(fixture: str, name: str) -> None:
+    """No false alarm where the object walk meets what it might misread: a model under
+    torch.compile (dynamo's wrapper and its caches), frozen parameters that never get
+    gradients or optimizer state."""
+    world_size = int(name.rsplit("_", 1)[1])
+    assert derive(fixture, [name], (world_size,)) == {name: []}
+
+
 def test_a_sampler_epoch_left_out_of_state_dict_is_named_by_its_attribute() -> None:
     """The step after the next reshuffle differs; the reason names the attribute, with the
     values it held at the save and after the load, and the fix, before the generic advice."""
