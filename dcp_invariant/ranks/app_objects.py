@@ -24,12 +24,13 @@ import hashlib
 import random
 import re
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy
 import torch
 
+from dcp_invariant.evidence import object_causes
 from dcp_invariant.ranks.digest import value_digest
 
 MAX_DEPTH = 16
@@ -71,14 +72,24 @@ _OPAQUE_MODULES = (
 )
 
 
-def fingerprints(app: Any, root: str = "app") -> dict[str, str]:
-    """``{attribute path: fingerprint}`` of ``app``'s objects and the global RNGs, sorted."""
-    walk = _Walk()
+def fingerprints(app: Any, root: str = "app", ignoring: Sequence[str] = ()) -> dict[str, str]:
+    """``{attribute path: fingerprint}`` of ``app``'s objects and the global RNGs, sorted.
+
+    ``ignoring``: paths (``--ignore-attr``) neither walked nor recorded, nor anything below
+    them: an evaluation copy of a large model costs nothing, and counts for nothing against
+    :data:`MAX_ATTRIBUTES`.
+    """
+    walk = _Walk(ignoring)
     walk.visit(app, root, 0)
     out = walk.found
-    out["rng.torch"] = "ByteTensor " + value_digest(torch.get_rng_state())
-    out["rng.python"] = "state " + _digest(repr(random.getstate()))
-    out["rng.numpy"] = "state " + _digest(repr(numpy.random.get_state(legacy=True)))
+    rngs: dict[str, Callable[[], str]] = {
+        "rng.torch": lambda: "ByteTensor " + value_digest(torch.get_rng_state()),
+        "rng.python": lambda: "state " + _digest(repr(random.getstate())),
+        "rng.numpy": lambda: "state " + _digest(repr(numpy.random.get_state(legacy=True))),
+    }
+    for path, fingerprint in rngs.items():
+        if not object_causes.ignored(path, ignoring):
+            out[path] = fingerprint()
     return dict(sorted(out.items()))
 
 
@@ -87,8 +98,9 @@ def _digest(text: str) -> str:
 
 
 class _Walk:
-    def __init__(self) -> None:
+    def __init__(self, ignoring: Sequence[str]) -> None:
         self.found: dict[str, str] = {}
+        self._ignoring = ignoring
         self._seen: set[int] = set()
         self._open: set[int] = set()  # the containers on the path being walked
         # Everything walked stays referenced until the walk ends: an id in _seen is then never
@@ -97,8 +109,16 @@ class _Walk:
         self._visited = 0
 
     def visit(self, value: Any, path: str, depth: int) -> None:
+        if self._ignoring and object_causes.ignored(path, self._ignoring):
+            return
         self._visited += 1
         if self._visited > MAX_ATTRIBUTES:
+            if self._visited == MAX_ATTRIBUTES + 1:
+                # The first attribute left out says where the walk stopped: a reason naming
+                # what differs is then read knowing that what follows was not compared.
+                self.found[path] = (
+                    f"{_kind_of(value)} (past {MAX_ATTRIBUTES} attributes: not walked)"
+                )
             return
         try:
             self._visit(value, path, depth)
@@ -240,9 +260,22 @@ def _cell_filled(cell: types.CellType) -> bool:
     return True
 
 
+# An int key this large is an object's id() (a memory address), as in a dict keyed by
+# id(param): it differs from process to process, so it is named by its place in the dict.
+_ID_LIKE = 1 << 32
+
+
 def _entries(mapping: Mapping[Any, Any]) -> list[tuple[str, Any]]:
-    plain = [k for k in mapping if isinstance(k, (str, int, float, bool)) or k is None]
-    return [(_name(k), mapping[k]) for k in sorted(plain, key=repr)]
+    """A dict's entries by name: plain keys in ``repr`` order, then keys that look like an
+    object's id() in insertion order (``#0``, ``#1``...), which a deterministic loop repeats."""
+    plain, ids = [], []
+    for k in mapping:
+        if type(k) is int and abs(k) >= _ID_LIKE:
+            ids.append(k)
+        elif isinstance(k, (str, int, float, bool)) or k is None:
+            plain.append(k)
+    named = [(_name(k), mapping[k]) for k in sorted(plain, key=repr)]
+    return named + [(f"#{i}", mapping[k]) for i, k in enumerate(ids)]
 
 
 def _name(key: Any) -> str:

@@ -188,7 +188,7 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
     # save's next step runs below).
     with digest.remembering():
         record["saved"] = _observe(spec, app, payload["snapshots"], rank, "saved")
-        record["objects"]["saved"] = _objects(app, payload["objects"])
+        record["objects"]["saved"] = _objects(app, payload["objects"], payload["ignored_attrs"])
     if mode is not None:
         if mode == "app":
             record["async"] = _own_save_while_stepping(spec, app, payload, record, rank)
@@ -202,12 +202,14 @@ def fixture_train(rank: int, world_size: int, payload: FixtureTrain, report: Rep
         with digest.remembering():
             keys = _observe(spec, app, payload["snapshots"], rank, f"step-{step}")
             if step == payload["steps_after"]:
-                record["objects"]["final"] = _objects(app, payload["objects"])
+                record["objects"]["final"] = _objects(
+                    app, payload["objects"], payload["ignored_attrs"]
+                )
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
         _stop_if_not_finite(loss, f"step {n + step}")
     if record["objects"]["final"] is None:  # no step after the async one's, or none at all
-        record["objects"]["final"] = _objects(app, payload["objects"])
+        record["objects"]["final"] = _objects(app, payload["objects"], payload["ignored_attrs"])
     report(record)
 
 
@@ -235,18 +237,18 @@ def fixture_never_saves(
         record["losses_before" if step <= n else "losses_after"].append(loss.hex())
         if step == n:
             with digest.remembering():
-                record["objects"]["saved"] = _objects(app, True)
+                record["objects"]["saved"] = _objects(app, True, payload["ignored_attrs"])
         if step == n + k:
             with digest.remembering():
-                record["objects"]["final"] = _objects(app, True)
+                record["objects"]["final"] = _objects(app, True, payload["ignored_attrs"])
         report(record)
         _stop_if_not_finite(loss, f"step {step}")
 
 
-def _objects(app: Anchored, wanted: bool) -> dict[str, str] | None:
+def _objects(app: Anchored, wanted: bool, ignoring: list[str]) -> dict[str, str] | None:
     """The fingerprints of the user's app object (not of the tool's wrapper around it), where
-    a later rule compares them."""
-    return app_objects.fingerprints(app.app) if wanted else None
+    a later rule compares them, without the attributes the plan ignores (``--ignore-attr``)."""
+    return app_objects.fingerprints(app.app, ignoring=ignoring) if wanted else None
 
 
 class _GatedWriter(FileSystemWriter):  # type: ignore[misc]  # torch is Any to mypy (pyproject.toml)
@@ -424,7 +426,9 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
         record["loaded"] = _compare(
             spec, app, reference, source_rank, "saved", "loaded", record["diffs"]
         )
-        record["objects"]["loaded"] = _objects(app, payload["compare_steps"])
+        record["objects"]["loaded"] = _objects(
+            app, payload["compare_steps"], payload["ignored_attrs"]
+        )
     report(record)
     for step in range(1, payload["steps_after"] + 1):
         loss = _loss(spec, app)
@@ -435,7 +439,9 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
             else:
                 keys = state_keys.record(_leaves(spec, app))
             if step == payload["steps_after"]:
-                record["objects"]["final"] = _objects(app, payload["compare_steps"])
+                record["objects"]["final"] = _objects(
+                    app, payload["compare_steps"], payload["ignored_attrs"]
+                )
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)
         _stop_if_not_finite(loss, f"resumed step {step}")

@@ -154,7 +154,34 @@ def test_the_walk_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "app.few.1" in found and not any(k.startswith("app.items.") for k in found)
     monkeypatch.setattr(app_objects, "MAX_ATTRIBUTES", 50)
     found = app_objects.fingerprints({"n": list(range(200))})
-    assert len([k for k in found if k.startswith("app.")]) < 50
+    assert len([k for k in found if k.startswith("app.")]) == 49  # 48 walked, the marker
+    # Where it stopped is recorded: the first attribute left out.
+    assert found["app.n.48"] == "int (past 50 attributes: not walked)"
+
+
+def test_ignored_attributes_are_not_walked_and_spend_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ignored path, and all below it, is neither recorded nor counted against the cap: the
+    attributes after it are walked whole."""
+    monkeypatch.setattr(app_objects, "MAX_ATTRIBUTES", 10)
+    app = {"a_cache": list(range(100)), "b": [1, 2, 3]}
+    found = app_objects.fingerprints(app, ignoring=["app.a_cache", "rng.python"])
+    assert [k for k in found if k.startswith("app.")] == ["app.b.0", "app.b.1", "app.b.2"]
+    assert "rng.python" not in found and "rng.torch" in found
+    cut = app_objects.fingerprints(app)
+    assert "app.b.0" not in cut
+
+
+def test_keys_that_are_object_ids_are_named_by_their_place() -> None:
+    """A dict keyed by id(param) would put addresses in the paths, which differ from process to
+    process: such keys are named #0, #1... in insertion order."""
+    params = [torch.zeros(2), torch.ones(2)]
+    found = app_objects.fingerprints({"by_id": {id(p): p for p in params}, "small": {7: 1}})
+    assert found["app.by_id.#1"].startswith("float32[2] ")
+    assert found["app.by_id.#0"] != found["app.by_id.#1"]
+    assert found["app.small.7"] == "int 1"
+    assert not any(str(id(p)) in k for p in params for k in found)
 
 
 def test_a_tensor_without_data_is_named_by_its_kind() -> None:

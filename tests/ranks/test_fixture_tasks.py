@@ -113,6 +113,7 @@ def _train_commit_resume(
     trained: list[dict[str, Any]] = []
     train: FixtureTrain = {
         "objects": True,
+        "ignored_attrs": [],
         "checkpoint": "store/candidates/step-3",
         "shape": shape,
         "fixture": spec,
@@ -133,6 +134,7 @@ def _train_commit_resume(
     resume: FixtureResume = {
         "shape": shape,
         "compare_steps": True,
+        "ignored_attrs": [],
         "fixture": spec,
         "fixture_args": {},
         "rank_local": [],

@@ -254,7 +254,9 @@ def test_an_ema_no_loss_shows_is_caught_at_the_end() -> None:
         "steps the app's app.ema.module.0.bias (float32[16], differs)"
     ), reason
     assert reason.endswith(
-        "an EMA or averaged model is not saved: save its state_dict() beside the model's"
+        "an EMA or averaged model is not saved: save its state_dict() beside the model's; if it "
+        "is rebuilt on demand or only measured (a cache, a metric), leave it out with "
+        "--ignore-attr app.ema"
     ), reason
 
 

@@ -196,7 +196,12 @@ def _unseen_at_the_end(
         "app's "
         + object_causes.shown(final, resumed, paths, "uninterrupted", "resumed")
         + " differ from the uninterrupted run's: state no loss shows (an EMA or averaged model, "
-        "a copy kept aside) that the checkpoint does not carry; " + "; ".join(causes)
+        "a copy kept aside) that the checkpoint does not carry; "
+        + "; ".join(causes)
+        # A tensor that depends on the run's history but is rebuilt or only measured (a
+        # cache, a metric) is not a resume bug: the user says so, and it is left out.
+        + f"; if it is rebuilt on demand or only measured (a cache, a metric), leave it out "
+        f"with --ignore-attr {'.'.join(paths[0].split('.')[:2])}"
     ]
 
 

@@ -95,6 +95,7 @@ class FixtureTrain(TypedDict):
     # Record the app's own objects (ranks/app_objects.py): an uninterrupted arm that a resume
     # is compared with does; a reshard's source, compared at no world size of its own, does not.
     objects: bool
+    ignored_attrs: list[str]  # attribute paths the walk leaves out (--ignore-attr)
     # An async_resume arm's save: dcp.async_save in this mode (or the app's own, "app"), each
     # wait bounded by ``timeout``.
     async_mode: NotRequired[plan.AsyncMode]
@@ -110,6 +111,7 @@ class FixtureNeverSaves(TypedDict):
     fixture_args: FixtureArgs
     steps_after: int
     steps_before: int
+    ignored_attrs: list[str]
 
 
 class FixtureResume(TypedDict):
@@ -119,6 +121,7 @@ class FixtureResume(TypedDict):
     fixture_args: FixtureArgs
     rank_local: list[str]  # components left out of the load: each rank keeps its own
     reference: str  # the snapshots of the arm whose save is loaded
+    ignored_attrs: list[str]
     source_world_size: int
     steps_after: int
     store: str

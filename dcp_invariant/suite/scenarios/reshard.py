@@ -28,6 +28,7 @@ def train_payload(
 ) -> FixtureTrain:
     return {
         "objects": objects,
+        "ignored_attrs": list(ctx.run_plan.ignored_attrs),
         "checkpoint": ctx.candidate_id(label),
         "shape": ctx.run_plan.shape,
         "fixture": ctx.fixture,
@@ -54,6 +55,7 @@ def resume_group(ctx: ScenarioContext, *, compare_steps: bool) -> GroupRecord:
         "fixture_args": ctx.run_plan.arguments,
         "rank_local": left_out(ctx),
         "reference": ctx.written(REFERENCE_SNAPSHOTS),
+        "ignored_attrs": list(ctx.run_plan.ignored_attrs),
         "source_world_size": sc.source_world_size,
         "steps_after": ctx.run_plan.steps_after,
         "store": ctx.written(STORE_ROOT),

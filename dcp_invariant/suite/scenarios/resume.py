@@ -97,6 +97,7 @@ def _arms_commit_resume(ctx: ScenarioContext, obs: dict[str, Any]) -> None:
                 "fixture_args": the_plan.arguments,
                 "steps_after": the_plan.steps_after,
                 "steps_before": the_plan.steps_before,
+                "ignored_attrs": list(the_plan.ignored_attrs),
             }
         ),
         sc.source_world_size,
