@@ -113,9 +113,12 @@ class Correct:
         for grad, reduced in zip(grads, torch.split(flat, sizes), strict=True):
             grad.copy_(reduced.view_as(grad))
 
+    def objective(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (self.model(inputs) - targets).square().mean()
+
     def step(self) -> float:
         inputs, targets = self.batch()
-        loss = (self.model(inputs) - targets).square().mean()
+        loss = self.objective(inputs, targets)
         self.optimizer.zero_grad()
         loss.backward()
         self.reduce_gradients()
@@ -353,22 +356,16 @@ class TeacherNotSaved(Correct):
             self.model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9)
         )
 
-    def step(self) -> float:
-        inputs, targets = self.batch()
+    def objective(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         out = self.model(inputs)
         with torch.no_grad():
             taught = self.teacher(inputs)
-        loss = (out - targets).square().mean() + 0.5 * (out - taught).square().mean()
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.reduce_gradients()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM, foreach=True)
-        self.optimizer.step()
-        self.scheduler.step()
+        return (out - targets).square().mean() + 0.5 * (out - taught).square().mean()
+
+    def step(self) -> float:
+        loss = super().step()
         self.teacher.update_parameters(self.model)
-        total = loss.detach()
-        dist.all_reduce(total)
-        return float(total) / self.world_size
+        return loss
 
 
 class EmaNotSaved(Correct):
