@@ -29,7 +29,7 @@ from dcp_invariant.suite import reaper
 from dcp_invariant.suite.console import Log
 from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool
 from dcp_invariant.suite.scenarios import DRIVERS, payloads
-from dcp_invariant.suite.scenarios.common import STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.common import SNAPSHOTS, STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.host import PoolHost
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import Workspace
@@ -129,7 +129,7 @@ def run_suite(
                     run_plan.scenario(n).async_mode != "process",
                 ),
             )
-            host = PoolHost(pool, SharedGroups(workspace / "shared", STORE_ROOT))
+            host = PoolHost(pool, SharedGroups(workspace / "shared", (STORE_ROOT, SNAPSHOTS)))
 
             begun: list[str] = []
 

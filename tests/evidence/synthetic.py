@@ -168,7 +168,7 @@ def observations() -> dict[str, dict[str, Any]]:
             out[name] = {
                 **_common(name),
                 "commit": commit(a),
-                "source": train_group(a, 0),
+                "source": train_group(a, PLAN.steps_after),
                 "target": resume_group(a, b, compare=False),
                 "left_out": [],
             }

@@ -231,3 +231,16 @@ def test_a_load_error_the_plans_loader_cannot_give_is_not_taken_at_its_word(by_a
         f"rank 1 at world size 2: a load error of kind {kind!r}, which {whose} cannot give: the "
         "record is not this plan's"
     ) in reasons, reasons
+
+
+def test_a_non_finite_loss_in_the_resharded_steps_names_the_rank_and_world_size() -> None:
+    """The resharded rank records the NaN and stops there (ranks/fixture_tasks.py)."""
+    obs = real(GROW)
+    rank = obs["target"]["ranks"][1]
+    rank["steps"] = [*rank["steps"][:1], {**rank["steps"][1], "loss": "nan"}]
+    n = obs["steps_before_save"]
+    assert derive(GROW, obs) == [
+        f"non-finite loss: rank 1 at world size 2: step {n + 2} returned nan, so nothing after "
+        "it can be compared; find what overflows or divides by zero (the learning rate, the "
+        "data, a loss scale), or check fewer steps (--steps-before, --steps-after)"
+    ]

@@ -45,7 +45,7 @@ def scenario_dirs(tmp_path: Path, count: int) -> list[Path]:
 
 def test_identical_groups_run_once_and_each_scenario_gets_its_own_store(tmp_path: Path) -> None:
     pool = RecordingPool()
-    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    shared = SharedGroups(tmp_path / "shared", ("ckpt",))
     a, b = scenario_dirs(tmp_path, 2)
     first = shared.run(pool, Call("tasks:train", {"steps": 3}), 2, a, "source")  # type: ignore[arg-type]
     second = shared.run(pool, Call("tasks:train", {"steps": 3}), 2, b, "source")  # type: ignore[arg-type]
@@ -66,7 +66,7 @@ def test_identical_groups_run_once_and_each_scenario_gets_its_own_store(tmp_path
 )
 def test_groups_that_differ_in_anything_run_apart(tmp_path: Path, other: tuple[Any, ...]) -> None:
     pool = RecordingPool()
-    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    shared = SharedGroups(tmp_path / "shared", ("ckpt",))
     a, b = scenario_dirs(tmp_path, 2)
     shared.run(pool, Call("tasks:train", {"steps": 3}), 2, a, "source")  # type: ignore[arg-type]
     task, world_size, name, payload = other
@@ -77,7 +77,7 @@ def test_groups_that_differ_in_anything_run_apart(tmp_path: Path, other: tuple[A
 def test_a_scenario_waits_for_the_group_another_is_running(tmp_path: Path) -> None:
     release = threading.Event()
     pool = RecordingPool(release)
-    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    shared = SharedGroups(tmp_path / "shared", ("ckpt",))
     a, b = scenario_dirs(tmp_path, 2)
     owner = threading.Thread(
         target=shared.run, args=(pool, Call("tasks:train", {"steps": 3}), 2, a, "source")
@@ -105,7 +105,7 @@ def test_a_scenario_waits_for_the_group_another_is_running(tmp_path: Path) -> No
 def test_an_interrupted_group_interrupts_every_scenario_waiting_for_it(tmp_path: Path) -> None:
     release = threading.Event()
     pool = RecordingPool(release, fail=True)
-    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    shared = SharedGroups(tmp_path / "shared", ("ckpt",))
     a, b = scenario_dirs(tmp_path, 2)
     raised: list[BaseException] = []
 
@@ -130,7 +130,7 @@ def test_a_full_disk_while_copying_keeps_its_errno(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The runner stops on ENOSPC (exit 2) only if the copy's error still carries it."""
-    shared = SharedGroups(tmp_path / "shared", "ckpt")
+    shared = SharedGroups(tmp_path / "shared", ("ckpt",))
     a, b = scenario_dirs(tmp_path, 2)
     pool = RecordingPool()
     shared.run(pool, Call("tasks:train", {}), 2, a, "source")  # type: ignore[arg-type]

@@ -305,6 +305,8 @@ def fixture_sightings(seen: Sightings, name: str, obs: Obs, run_plan: plan.Plan)
                 rank["losses_before"],
             )
             seen.add(f"the state saved on {at}", name, f"{where}'s saved keys", rank["saved"])
+            # The K steps after a save, whatever its mode: a save must not change them.
+            seen.add(f"the steps after the save on {at}", name, f"{where}'s steps", rank["steps"])
     commit, n = obs["commit"], obs["steps_before_save"]
     if commit is not None and commit["sealed"]:
         what = f"the files of the save after {n} steps on {w} ranks"

@@ -32,7 +32,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     n, w = obs["steps_before_save"], scenario.source_world_size
     if obs["source"] is None:
         return ["source: did not run"]
-    reasons = fixture_arm(obs["source"], w, n, 0, "source")
+    reasons = fixture_arm(obs["source"], w, n, obs["steps_after"], "source")
     if reasons:
         return reasons
     if obs["commit"] is None:

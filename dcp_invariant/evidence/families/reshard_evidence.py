@@ -38,7 +38,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     source rank saved. Components declared rank-local (``left_out``, held to the plan by
     :func:`dcp_invariant.evidence.rules.derive`) are neither loaded nor compared: each target rank keeps its own."""
     n, a, b = obs["steps_before_save"], scenario.source_world_size, scenario.target_world_size
-    reasons = fixture_arm(obs["source"], a, n, 0, "source")
+    reasons = fixture_arm(obs["source"], a, n, obs["steps_after"], "source")
     if reasons:
         return reasons
     commit = obs["commit"]

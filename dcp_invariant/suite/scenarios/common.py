@@ -39,7 +39,8 @@ from dcp_invariant.suite.workspace import ENVIRONMENT_ERRNOS, environment_proble
 STORE_ROOT = "ckpt"  # relative to the workspace: checkpoint ids never carry an absolute path
 # The values at each phase of the arm whose save a later group loads and compares with: a
 # resume's uninterrupted arm, a reshard's source (in a torchrun job, the first launch's arm).
-REFERENCE_SNAPSHOTS = "snapshots/reference"
+SNAPSHOTS = "snapshots"
+REFERENCE_SNAPSHOTS = f"{SNAPSHOTS}/reference"
 EMPTY_GROUP: GroupRecord = {"exit_codes": [], "timed_out": False, "ranks": []}
 # Failures of the protocol or of what workers left on disk: the scenario records them and fails,
 # the rest of the suite goes on. Anything else is a bug in this package and stops the run.

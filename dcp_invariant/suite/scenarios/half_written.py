@@ -58,7 +58,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         cut_load=None,
     )
     with ctx.recording(obs):
-        if not source_committed(ctx, obs, None):
+        if not source_committed(ctx, obs):
             return obs
         generation = ctx.store.resolve()
         obs["cut"] = cut_short(generation, ctx.workdir / CUT)

@@ -5,15 +5,18 @@ loaded by some rank. The K steps afterwards are not compared with the uninterrup
 step at another world size reduces partial sums in another order, so its last bits legitimately
 differ; nor with each other, as each rank's data and loss may be its own.
 
-In a torchrun job (``in-job --resume-from``) the source is the first launch's uninterrupted arm
-of ``resume_<a>`` up to its save, and its commit; the second launch's ranks load that.
+The source is ``resume_<a>``'s reference arm (N steps, the save, K more), which the pool runs
+once for every scenario that saves at a. In a torchrun job (``in-job --resume-from``) it is the
+first launch's, and its commit; the second launch's ranks load that.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from dcp_invariant.evidence.families.records import GroupRecord
+from dcp_invariant.suite.pool import GroupOutcome
 from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.payloads import (
     FIXTURE_RESUME,
@@ -64,16 +67,37 @@ def resume_group(ctx: ScenarioContext, *, compare_steps: bool) -> GroupRecord:
     return ctx.target_record(target)
 
 
-def source_committed(ctx: ScenarioContext, obs: dict[str, Any], snapshots: str | None) -> bool:
-    """The source arm (N steps and the save, at the source world size) into ``obs["source"]``,
-    then its save committed into ``obs["commit"]``: whether it was promoted."""
-    label = ctx.run_plan.baseline_label
-    source = ctx.group(
-        "source",
-        FIXTURE_TRAIN(train_payload(ctx, label, snapshots, 0, objects=False)),
-        ctx.scenario.source_world_size,
+def reference_arm(ctx: ScenarioContext, payload: FixtureTrain) -> GroupOutcome:
+    """The arm whose save a scenario seals and loads, run as ``reference``.
+
+    A synchronous one (``payload`` without an async mode) is the same in ``resume_<a>``, every
+    ``reshard_<a>_to_<b>`` and ``half_written_<a>``: where more than one of them is planned
+    the pool runs it once (:mod:`.shared_groups`), and each scenario gets a copy of its store
+    and of its snapshots.
+    """
+    a = ctx.scenario.source_world_size
+    shared = "async_mode" not in payload and any(
+        s.family in ("reshard", "half_written") and s.source_world_size == a
+        for s in ctx.run_plan.scenarios
     )
-    obs["source"] = source.record()
+    return ctx.group("reference", FIXTURE_TRAIN(payload), a, shareable=shared)
+
+
+def source_committed(ctx: ScenarioContext, obs: dict[str, Any]) -> bool:
+    """The source (``resume_<a>``'s reference arm: N steps, the save, K more) into
+    ``obs["source"]``, then its save committed into ``obs["commit"]``: whether it was promoted.
+
+    The app's objects it walked are left out of the record: nothing here compares them (the
+    target runs at another world size, or loads no generation), and they are recorded, settled,
+    where they are (``resume_<a>``).
+    """
+    label = ctx.run_plan.baseline_label
+    payload = train_payload(ctx, label, REFERENCE_SNAPSHOTS, ctx.run_plan.steps_after, objects=True)
+    source = reference_arm(ctx, payload)
+    obs["source"] = copy.deepcopy(source.record())
+    for rank in obs["source"]["ranks"]:
+        if rank is not None and "objects" in rank:
+            rank["objects"] = {"final": None, "saved": None}
     if not source.ok:
         return False
     obs["commit"] = ctx.commit(label)
@@ -91,7 +115,7 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         left_out=left_out(ctx),
     )
     with ctx.recording(obs):
-        if not source_committed(ctx, obs, REFERENCE_SNAPSHOTS):
+        if not source_committed(ctx, obs):
             return obs
         ctx.restart()  # the loading ranks hold nothing of the source's (in-job: a second launch)
         obs["target"] = resume_group(ctx, compare_steps=False)

@@ -28,7 +28,7 @@ from typing import Any
 from dcp_invariant.evidence import object_causes
 from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, ScenarioContext
 from dcp_invariant.suite.scenarios.payloads import FIXTURE_NEVER_SAVES, FIXTURE_TRAIN, FixtureTrain
-from dcp_invariant.suite.scenarios.reshard import resume_group, train_payload
+from dcp_invariant.suite.scenarios.reshard import reference_arm, resume_group, train_payload
 
 # Where the repeat arm saves: outside the store, which a shared group's scenarios each get a copy
 # of; its save is never sealed.
@@ -80,12 +80,8 @@ def _arms_commit_resume(ctx: ScenarioContext, obs: dict[str, Any]) -> None:
     """The three uninterrupted arms, the commit of the reference's save, the resumed group."""
     sc, the_plan = ctx.scenario, ctx.run_plan
     label = the_plan.baseline_label
-    reference = ctx.group(
-        "reference",
-        FIXTURE_TRAIN(_arm(ctx, label, REFERENCE_SNAPSHOTS, as_planned=True)),
-        sc.source_world_size,
-    )
-    obs["reference"] = reference.record()
+    reference = reference_arm(ctx, _arm(ctx, label, REFERENCE_SNAPSHOTS, as_planned=True))
+    obs["reference"] = copy.deepcopy(reference.record())
     if not reference.ok:
         return  # a fixture that fails or hangs once would do it again
     never_saves = ctx.group(

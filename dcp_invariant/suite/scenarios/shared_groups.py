@@ -28,16 +28,19 @@ from dcp_invariant.suite.scenarios.payloads import Call
 class SharedGroups:
     """One run's shareable groups, each run in a directory of its own under ``root``."""
 
-    def __init__(self, root: Path, copied: str) -> None:
+    def __init__(self, root: Path, copied: tuple[str, ...]) -> None:
         self._root = root
-        self._copied = copied  # what a group leaves that a scenario acts on: the store
+        # What a group leaves that a scenario acts on: the store, the snapshots a later group
+        # compares with.
+        self._copied = copied
         self._lock = threading.Lock()
         self._runs: dict[bytes, Future[tuple[Path, GroupOutcome]]] = {}
 
     def run(
         self, pool: WorkerPool, call: Call, world_size: int, workdir: Path, name: str
     ) -> GroupOutcome:
-        """The group's outcome, running it only if no scenario has; its store copied to ``workdir``.
+        """The group's outcome, running it only if no scenario has; what it left copied to
+        ``workdir``.
 
         The first scenario to ask runs the group; the others wait for it. If it fails to run
         at all (an interrupt), every waiter gets the same exception.
@@ -60,8 +63,9 @@ class SharedGroups:
                 future.set_exception(exc)
                 raise
         home, outcome = future.result()
-        if (home / self._copied).is_dir():
-            _copy_tree(home / self._copied, workdir / self._copied)
+        for name in self._copied:
+            if (home / name).is_dir():
+                _copy_tree(home / name, workdir / name)
         return outcome
 
 

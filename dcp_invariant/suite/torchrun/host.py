@@ -203,17 +203,15 @@ def entries(recorded: Any) -> list[Entry]:
 
 def resharded(first: list[Entry]) -> list[Entry]:
     """What a second launch replays before its restart, from what the first launch's
-    ``resume_<a>`` recorded: its source is that launch's uninterrupted arm up to the save (the N
-    steps and the state saved; the K steps the arm took after the save were judged in the first
-    launch's own artifact), then that launch's commit."""
+    ``resume_<a>`` recorded: its source is that launch's reference arm (the N steps, the state
+    saved and the K steps after, as a reshard's source is on the pool), then that launch's
+    commit."""
     reference = next((e for e in first if e.get("group") == "reference"), None)
     committed = next((e for e in first if "commit" in e), None)
     if reference is None or committed is None:
         raise InJobError("the first launch committed no checkpoint: see its log and its artifact")
-    outcome = reference["outcome"]
-    source = {**outcome, "ranks": [{**rank, "steps": []} for rank in outcome["ranks"]]}
     # Whether every rank of the first launch saw its pointer was judged in its own artifact.
-    return [{"group": "source", "outcome": source}, {**committed, "errors": []}]
+    return [reference, {**committed, "errors": []}]
 
 
 TaskResult = dict[str, Any]  # {"exit_code": 0 or 1, "record": the rank's report or None}
