@@ -8,5 +8,7 @@ Importing the package imports no torch.
 from dcp_invariant.errors import BadInput, Error
 from dcp_invariant.python_api import Diagnosis, Report, ScenarioResult, check
 
-__version__ = "0.2.0"
+# The one place the version is written: the build (pyproject.toml's [tool.hatch.version]) and the
+# release workflow's tag check read it here.
+__version__ = "0.5.0"
 __all__ = ["BadInput", "Diagnosis", "Error", "Report", "ScenarioResult", "__version__", "check"]

@@ -284,7 +284,7 @@ def _in_job(args: argparse.Namespace) -> int:
         backend=args.backend,
         gloo_interface=args.gloo_interface,
         timeout=python_api.checked_timeout(args.timeout, "--timeout"),
-        source_revision=python_api.source_revision_of(args.source_revision, "--source-revision"),
+        source_revision=_revision(args, announce=os.environ.get("RANK", "0") == "0"),
         resume_from=args.resume_from,
         ignored_attrs=tuple(args.ignore_attr or ()),
     )
@@ -404,6 +404,22 @@ def _print_lines(lines: list[str], end: str = "\n") -> None:
             pass  # not a real file descriptor: nothing left to flush at exit
 
 
+def _revision(args: argparse.Namespace, *, announce: bool) -> str:
+    """The revision under test; where none can be found, a note says it is recorded as unknown
+    (``announce``: in a job, rank 0 alone says so)."""
+    from dcp_invariant import python_api
+    from dcp_invariant.evidence.provenance import UNKNOWN_REVISION
+
+    revision = python_api.source_revision_of(args.source_revision, "--source-revision")
+    if revision == UNKNOWN_REVISION and announce:
+        print(
+            "dcp-invariant: note: no --source-revision, no $GITHUB_SHA and no git checkout here: "
+            f"provenance.json records the revision as {UNKNOWN_REVISION!r}",
+            file=sys.stderr,
+        )
+    return revision
+
+
 def _run(args: argparse.Namespace) -> int:
     from dcp_invariant import python_api
 
@@ -415,7 +431,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(
             "the current directory no longer exists: cd into an existing directory"
         ) from None
-    revision = python_api.source_revision_of(args.source_revision, "--source-revision")
+    revision = _revision(args, announce=True)
     if run_plan.kind == "fixture":
         # As uvicorn and gunicorn do for MODULE:ATTR: the fixture's module is found from here.
         sys.path.insert(0, cwd)

@@ -350,9 +350,11 @@ def checked_timeout(timeout: float | None, name: str = "timeout") -> float:
 
 
 def source_revision_of(given: str | None, name: str = "source_revision") -> str:
-    """The revision under test: ``given``, else ``$GITHUB_SHA``, else ``git rev-parse HEAD``.
-    ``name``: how the message names the argument (the CLI's flag)."""
-    from dcp_invariant.evidence.provenance import valid_revision
+    """The revision under test: ``given``, else ``$GITHUB_SHA``, else ``git rev-parse HEAD``,
+    else :data:`~dcp_invariant.evidence.provenance.UNKNOWN_REVISION` (outside a git checkout:
+    nothing checks the revision, so a run there is not refused). ``name``: how a message names
+    the argument (the CLI's flag)."""
+    from dcp_invariant.evidence.provenance import UNKNOWN_REVISION, valid_revision
 
     if given is not None:
         if not valid_revision(given):
@@ -370,9 +372,4 @@ def source_revision_of(given: str | None, name: str = "source_revision") -> str:
     except (OSError, subprocess.TimeoutExpired):
         done = None
     revision = done.stdout.strip() if done is not None and done.returncode == 0 else ""
-    if not valid_revision(revision):
-        raise CheckInputError(
-            f"cannot tell which source revision is under test: pass {name} (40 hex digits), "
-            "or run inside a git checkout, or set GITHUB_SHA"
-        )
-    return revision
+    return revision if valid_revision(revision) else UNKNOWN_REVISION

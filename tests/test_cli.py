@@ -345,21 +345,33 @@ def test_run_refuses_a_malformed_source_revision(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_run_without_a_known_revision_asks_for_one(
+def test_run_outside_a_checkout_records_the_revision_as_unknown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Outside any git checkout, with nothing in the environment to say which code this is.
+    """An sdist, a container image without .git: the run goes on, the revision is recorded as
+    unknown (a free field), and a note on stderr says so before anything runs."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GITHUB_SHA", raising=False)
     for var in ("GIT_DIR", "GIT_WORK_TREE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
-    output = tmp_path / "evidence"
+    from dcp_invariant import python_api
 
-    assert cli.main(["run", "--output-dir", str(output)]) == errors.EXIT_USAGE
+    given: list[str] = []
 
-    assert "--source-revision" in usage_error(capsys)
-    assert not output.exists()
+    def run_plan(*args: Any, revision: str, **kwargs: Any) -> Any:
+        given.append(revision)
+        raise cli.Interrupted(2)  # stop here: the suite itself is not this test's
+
+    monkeypatch.setattr(python_api, "run_plan", run_plan)
+    assert cli.main(["run", "--output-dir", str(tmp_path / "evidence")]) == 128 + 2
+
+    assert given == ["unknown"]
+    note = capsys.readouterr().err.splitlines()[0]
+    assert note == (
+        "dcp-invariant: note: no --source-revision, no $GITHUB_SHA and no git checkout here: "
+        "provenance.json records the revision as 'unknown'"
+    )
 
 
 def test_run_refuses_a_malformed_github_sha(

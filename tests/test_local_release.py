@@ -85,7 +85,7 @@ def test_a_tag_that_is_not_the_version_stops_the_release_before_the_build(
     # Nothing is installed or built for a tag that cannot be released.
     assert outcomes["Install the build and check tools"] == "skipped"
     assert outcomes["Build"] == "skipped"
-    assert "does not name pyproject.toml's version" in next(
+    assert "does not name the package's version" in next(
         s.log for s in result.steps if s.name == "The tag is the package's version"
     )
     assert outcomes["Build"] == "skipped"

@@ -8,6 +8,7 @@ installed: the CLI and the verifier must work there with the standard library al
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -24,7 +25,7 @@ from dcp_invariant.evidence import schema
 pytestmark = pytest.mark.package
 
 ROOT = Path(__file__).resolve().parent.parent
-VERSION = "0.2.0"
+VERSION = "0.5.0"
 DEBRIS = (
     "__pycache__",
     ".pyc",
@@ -187,7 +188,6 @@ def test_the_installed_wheel_runs_without_torch_outside_the_tree(
 # --- the wheel with its runtime: what a release promises -----------------------------------
 
 EXAMPLES = ROOT / "examples"
-REVISION = "0123456789abcdef0123456789abcdef01234567"
 RUN_TIMEOUT = 900
 # pypa/gh-action-pypi-publish v1.8.14 (the release workflow's pin) uploads with these, from its
 # requirements/runtime.txt at that tag: pkginfo 1.10 reads Metadata-Version up to 2.3 only.
@@ -244,7 +244,9 @@ def test_uvx_runs_the_wheel_with_torchs_cpu_build(dist: Path, venv: Path, tmp_pa
         pytest.skip("needs uv on PATH and examples/")
     project = _user_project(tmp_path)
     variables = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
-    variables.update(UV_CACHE_DIR=str(tmp_path / "uv-cache"), GITHUB_SHA=REVISION)
+    # A user's project outside any git checkout, with no revision given: recorded as unknown.
+    variables.pop("GITHUB_SHA", None)
+    variables.update(UV_CACHE_DIR=str(tmp_path / "uv-cache"), GIT_CEILING_DIRECTORIES=str(tmp_path))
     variables["UV_TOOL_DIR"] = str(tmp_path / "tools")
     command = [uv, "tool", "run", "--no-config", "--find-links", str(dist)]
     if sys.platform != "darwin":
@@ -262,5 +264,8 @@ def test_uvx_runs_the_wheel_with_torchs_cpu_build(dist: Path, venv: Path, tmp_pa
         )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "pass: " in done.stdout, done.stdout
+    assert "records the revision as 'unknown'" in done.stderr, done.stderr
+    recorded = json.loads((project / "evidence" / "provenance.json").read_text(encoding="utf-8"))
+    assert recorded["source_revision"] == "unknown"
     verified = _in_venv(venv, "dcp-invariant", "verify", str(project / "evidence"))
     assert verified.returncode == 0, verified.stdout + verified.stderr

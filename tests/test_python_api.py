@@ -190,6 +190,21 @@ def test_an_argument_of_the_wrong_type_is_bad_input_naming_it(
     assert sorted(os.listdir(os.environ["TMPDIR"])) == before
 
 
+def test_outside_a_checkout_the_revision_is_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """check() and the plugin run from an sdist or a container image without .git."""
+    from dcp_invariant import python_api
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GITHUB_SHA", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert python_api.source_revision_of(None) == "unknown"
+    assert python_api.source_revision_of(REVISION) == REVISION
+    monkeypatch.setenv("GITHUB_SHA", REVISION)
+    assert python_api.source_revision_of(None) == REVISION
+
+
 def test_a_wrong_type_is_named_before_git_is_asked_for_the_revision(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -687,7 +687,8 @@ def test_documented_workflows_use_only_declared_inputs_and_pinned_refs(
         assert set(step.get("with") or {}) <= set(action["inputs"]), step
     assert checkouts == [f"actions/checkout@{PINNED[('actions/checkout', 'v7.0.1')]}"]
     assert any((s.get("with") or {}).get("fixture") for s in ours)
-    # No tag exists yet, so a `@v0.2.0` would not resolve: each snippet pins a commit, written as
-    # the placeholder the docs tell users to fill in (or a full SHA), never a movable ref.
+    # No tag of this tree exists yet, so a `@v0.5.0` would not resolve: each snippet pins a
+    # commit, written as the placeholder the docs tell users to fill in (or a full SHA), never a
+    # movable ref.
     refs = {str(s["uses"]).split("@", 1)[1] for s in ours}
     assert all(r == "COMMIT_SHA" or re.fullmatch(r"[0-9a-f]{40}", r) for r in refs), refs

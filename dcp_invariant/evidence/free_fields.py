@@ -33,7 +33,8 @@ FREE_FIELDS: tuple[FreeField, ...] = (
     FreeField(
         "provenance.json",
         "source_revision",
-        "the revision the caller names; the artifact holds nothing derived from the source",
+        "the revision the caller names, or unknown outside a git checkout; the artifact holds "
+        "nothing derived from the source",
     ),
     FreeField(
         "provenance.json",

@@ -11,6 +11,11 @@ from dcp_invariant.evidence import checks, schema
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 valid_revision = _HEX40.fullmatch
+# What provenance records where nobody said which revision is under test and there is no git
+# checkout to ask (an sdist, a container image without .git): the revision is a free field
+# (free_fields.py), so a run there is as valid as anywhere.
+UNKNOWN_REVISION = "unknown"
+_RECORDED_REVISION = re.compile(rf"[0-9a-f]{{40}}|{UNKNOWN_REVISION}")
 
 # platform.python_version(): "3.11.7", "3.13.0rc2", "3.14.0a1+" for a development build; the
 # package requires CPython 3.11 or newer.
@@ -21,10 +26,9 @@ _NUMPY = re.compile(
     r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,3}(?:(?:a|b|rc)[0-9]{1,4})?(?:\.post[0-9]{1,4})?"
     r"(?:\.dev[0-9]{1,8})?(?:\+[0-9A-Za-z.]{1,64})?"
 )
-# The releases whose artifacts this verifier reads: its own, and 0.2.0, the first with schema v2.
-KNOWN_TOOLS: tuple[str, ...] = tuple(
-    dict.fromkeys(f"dcp-invariant {v}" for v in ("0.2.0", __version__))
-)
+# The releases whose artifacts this verifier reads: its own. 0.5.0 is this tree's first release
+# (the repository's v0.1.0 to v0.4.0 tags are an earlier history's, whose artifacts it refuses).
+KNOWN_TOOLS: tuple[str, ...] = (f"dcp-invariant {__version__}",)
 
 # platform.system() of the runners the action supports, and the sys.platform their wheels are
 # registered under in runtimes.py.
@@ -37,7 +41,9 @@ _FIELDS: dict[str, checks.Check] = {
     "os": checks.one_of(*OS_PLATFORMS),
     "cpython": checks.pattern(_CPYTHON, "a CPython version, 3.11 or newer, like '3.11.7'"),
     "numpy": checks.optional(checks.pattern(_NUMPY, "a numpy version like '2.4.6'")),
-    "source_revision": checks.pattern(_HEX40, "a 40-hex source revision"),
+    "source_revision": checks.pattern(
+        _RECORDED_REVISION, f"a 40-hex source revision or {UNKNOWN_REVISION!r}"
+    ),
     "tool": checks.one_of(*KNOWN_TOOLS),
     "torch_distribution": checks.string,
     "torch_runtime": checks.string,

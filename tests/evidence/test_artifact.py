@@ -260,15 +260,21 @@ def test_provenance_without_numpy_is_valid() -> None:
     assert provenance.SHAPE(_provenance(numpy=None), schema.PROVENANCE_FILE) == []
 
 
+def test_provenance_of_a_run_outside_a_checkout_is_valid() -> None:
+    record = _provenance(source_revision=provenance.UNKNOWN_REVISION)
+    assert provenance.SHAPE(record, schema.PROVENANCE_FILE) == []
+
+
 @pytest.mark.parametrize(
     ("key", "value", "text"),
     [
         ("authenticated", True, "authenticated: expected one of [False]"),
-        ("source_revision", "HEAD", "a 40-hex source revision"),
+        ("source_revision", "HEAD", "a 40-hex source revision or 'unknown'"),
+        ("source_revision", "Unknown", "a 40-hex source revision or 'unknown'"),
         ("schema_version", 1, "schema_version: expected one of [2]"),
-        ("tool", None, "tool: expected one of ['dcp-invariant 0.2.0']"),
-        ("tool", "dcp-invariant 9.9.9", "tool: expected one of ['dcp-invariant 0.2.0']"),
-        ("tool", "dcp-invariant 0.2.0 ", "tool: expected one of"),
+        ("tool", None, "tool: expected one of ['dcp-invariant 0.5.0']"),
+        ("tool", "dcp-invariant 9.9.9", "tool: expected one of ['dcp-invariant 0.5.0']"),
+        ("tool", "dcp-invariant 0.5.0 ", "tool: expected one of"),
         ("cpython", "3.11", "a CPython version, 3.11 or newer"),
         ("cpython", "3.10.14", "a CPython version, 3.11 or newer"),
         ("cpython", "3.11.7x", "a CPython version"),
