@@ -21,7 +21,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -151,6 +152,29 @@ class _Launcher(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def caller_main_hidden() -> Iterator[None]:
+    """While the run starts processes, its caller's ``__main__`` is not theirs to run.
+
+    multiprocessing gives every process it starts (spawned, or forked by the fork server) the
+    parent's main module to run again as ``__mp_main__``: the module of ``__spec__.name``, else
+    the file ``__main__.__file__`` names (``get_preparation_data`` and ``prepare`` in
+    multiprocessing/spawn.py). A script that calls ``check()`` without an ``if __name__ ==
+    "__main__":`` guard would then run its check again in every worker, and one read from
+    standard input fails on the file ``<stdin>``. Workers run only this package's tasks on
+    fixtures named by module, so for the run ``sys.modules["__main__"]`` is a bare module that
+    names neither: nothing of the caller's is run again, on the fork-server and the spawn path.
+    """
+    main = sys.modules.get("__main__")
+    stand_in = types.ModuleType("__main__")
+    sys.modules["__main__"] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get("__main__") is stand_in and main is not None:
+            sys.modules["__main__"] = main
 
 
 class _ForkServer:

@@ -27,7 +27,7 @@ from dcp_invariant.errors import BadInput, EnvironmentProblem, Error, FixturePro
 from dcp_invariant.evidence import rules
 from dcp_invariant.suite import reaper
 from dcp_invariant.suite.console import Log
-from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool
+from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool, caller_main_hidden
 from dcp_invariant.suite.scenarios import DRIVERS, payloads
 from dcp_invariant.suite.scenarios.common import SNAPSHOTS, STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.host import PoolHost
@@ -64,13 +64,21 @@ class WorkerStartError(BadInput, RuntimeError):
     def __init__(self, exit_codes: list[int], logs: str) -> None:
         self.logs = self.details = logs  # --debug prints the worker's log
         missing = re.findall(r"No module named '([^']+)'", logs)
-        what = f"could not import {missing[-1]}" if missing else "could not import torch and numpy"
         codes = f" (exit codes {exit_codes})" if exit_codes else ""
-        super().__init__(
-            f"a worker {what}{codes}; reinstall torch as its CPU wheel "
-            f"({runtimes.install_command(installed_torch() or '').replace('+cpu', '')}) and "
-            "numpy"
-        )
+        errors = re.findall(r"^(\w*(?:Error|Exception)\b.*)$", logs, re.M)
+        if missing or not errors or "torch" in errors[-1] or "numpy" in errors[-1]:
+            what = (
+                f"could not import {missing[-1]}" if missing else "could not import torch and numpy"
+            )
+            fix = (
+                f"reinstall torch as its CPU wheel "
+                f"({runtimes.install_command(installed_torch() or '').replace('+cpu', '')}) and "
+                "numpy"
+            )
+        else:
+            # Not the installation: what the worker raised, in one line (--debug: its log).
+            what, fix = f"failed before its first task: {errors[-1][:200]}", "its log: --debug"
+        super().__init__(f"a worker {what}{codes}; {fix}")
 
 
 def installed_torch() -> str | None:
@@ -104,7 +112,7 @@ def run_suite(
     observations: dict[str, dict[str, Any]] = {}
     space = Workspace()
     guarding = reaper.Guardian() if guardian is None else contextlib.nullcontext(guardian)
-    with guarding as guardian, space as workspace:
+    with caller_main_hidden(), guarding as guardian, space as workspace:
         guardian.remove_if_killed(workspace)
         pool = WorkerPool(timeout)
         try:

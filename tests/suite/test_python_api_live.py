@@ -90,3 +90,52 @@ def test_the_pytest_plugin_in_a_users_test_suite_run_with_xdist(tmp_path: Path) 
     assert len(artifacts) == 2, artifacts
     assert len({a.parent.parent for a in artifacts}) == 2
     assert all(verify_artifact(a.parent).valid for a in artifacts)
+
+
+# A user's script that calls check() with no `if __name__ == "__main__":` guard. The fixture is
+# an app that saves itself, at world size 1: two scenarios, the fewest a fixture run has.
+_UNGUARDED = """
+import dcp_invariant
+report = dcp_invariant.check("saving_loops:saves_itself", world_sizes=[1])
+print("verdict:", "pass" if report.passed else report)
+"""
+
+
+@pytest.mark.parametrize(
+    ("start_method", "source"),
+    [
+        ("forkserver", "file"),
+        ("forkserver", "stdin"),
+        ("forkserver", "-c"),  # as a notebook's: a __main__ with no file
+        ("spawn", "file"),
+        ("spawn", "stdin"),
+    ],
+)
+def test_check_never_runs_its_callers_main_again(
+    tmp_path: Path, start_method: str, source: str
+) -> None:
+    """multiprocessing gives every process it starts the caller's main module to run again
+    (multiprocessing/spawn.py): an unguarded script would check again in every worker, and one
+    read from standard input fails on the file '<stdin>'. Neither happens, on either path."""
+    if start_method == "forkserver" and sys.platform != "linux":
+        pytest.skip("the fork server is the Linux path")
+    script = tmp_path / "check_it.py"
+    script.write_text(_UNGUARDED, encoding="utf-8")
+    command = {
+        "file": [sys.executable, str(script)],
+        "stdin": [sys.executable, "-"],
+        "-c": [sys.executable, "-c", _UNGUARDED],
+    }[source]
+    env = {
+        **os.environ,
+        "GITHUB_SHA": REVISION,
+        "PYTHONPATH": str(TESTS),
+        "DCP_INVARIANT_START_METHOD": start_method,
+    }
+    done = subprocess.run(
+        command, input=_UNGUARDED if source == "stdin" else None, capture_output=True,
+        text=True, timeout=PYTEST_TIMEOUT, cwd=tmp_path, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Once: a worker that ran the script again would have printed a verdict of its own.
+    assert done.stdout.count("verdict:") == 1 and "verdict: pass" in done.stdout, done.stdout

@@ -94,6 +94,17 @@ def test_a_missing_module_is_named_not_blamed_on_torch() -> None:
     assert "a worker could not import numpy" in str(runner.WorkerStartError([1], logs))
 
 
+def test_a_worker_that_failed_otherwise_is_not_sent_to_reinstall_torch() -> None:
+    logs = "Traceback ...\nRuntimeError: the fixture's module raised at import\n"
+    message = str(runner.WorkerStartError([1], logs))
+    assert message == (
+        "a worker failed before its first task: RuntimeError: the fixture's module raised at "
+        "import (exit codes [1]); its log: --debug"
+    )
+    broken = "Traceback ...\nImportError: libtorch_cpu.so: cannot open shared object file\n"
+    assert "reinstall torch" in str(runner.WorkerStartError([1], broken))
+
+
 def test_a_full_workspace_stops_the_run_instead_of_failing_the_scenario(tmp_path: Path) -> None:
     pool: Any = None  # no worker runs
     ctx = ScenarioContext(
