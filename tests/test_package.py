@@ -269,3 +269,46 @@ def test_uvx_runs_the_wheel_with_torchs_cpu_build(dist: Path, venv: Path, tmp_pa
     assert recorded["source_revision"] == "unknown"
     verified = _in_venv(venv, "dcp-invariant", "verify", str(project / "evidence"))
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+# --- beside the user's own torch -------------------------------------------------------------
+
+
+def _resolve(requirements: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """uv's resolver on PyPI alone, for Linux x86_64 and CPython 3.11: metadata only, nothing
+    installed (not the project's UV_ settings: its find-links and sources are .ci/run's)."""
+    import shutil
+
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("needs uv on PATH")
+    listed = tmp_path / "requirements.in"
+    listed.write_text("\n".join(requirements) + "\n", encoding="utf-8")
+    variables = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    variables["UV_CACHE_DIR"] = str(tmp_path / "uv-cache")
+    command = [uv, "pip", "compile", "--no-config", "--quiet", "--no-header", "--python-version"]
+    command += ["3.11", "--python-platform", "x86_64-manylinux_2_28", str(listed)]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=variables, check=False
+    )
+
+
+@pytest.mark.parametrize("release", ["2.11.0", "2.13.0", "2.15.0"])
+def test_the_package_resolves_beside_a_users_torch(
+    dist: Path, tmp_path: Path, release: str
+) -> None:
+    """The library pins no torch: beside any registered release, as the README says to
+    install it there (without the runtime extra)."""
+    wheel = dist / f"dcp_invariant-{VERSION}-py3-none-any.whl"
+    done = _resolve([f"dcp-invariant @ {wheel.as_uri()}", f"torch=={release}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"\ntorch=={release}\n" in f"\n{done.stdout}", done.stdout
+
+
+def test_the_runtime_extra_pins_the_measured_torch_exactly(dist: Path, tmp_path: Path) -> None:
+    """The extra is the torch a release was measured with: beside another, no solution, which
+    is why the README sends a user with a torch of their own to the package without it."""
+    wheel = dist / f"dcp_invariant-{VERSION}-py3-none-any.whl"
+    done = _resolve([f"dcp-invariant[runtime] @ {wheel.as_uri()}", "torch==2.14.1"], tmp_path)
+    assert done.returncode != 0
+    assert "depends on torch==2.13.0" in done.stderr, done.stderr
