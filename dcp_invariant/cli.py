@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list the scenarios")
     _add_in_job(sub)
     _add_github_report(sub)
+    _add_action_inputs(sub)
     return parser
 
 
@@ -235,7 +236,26 @@ def _add_github_report(sub: Subparsers) -> None:
         default=_env_path("GITHUB_STEP_SUMMARY"),
         help="Markdown summary is appended here (default: $GITHUB_STEP_SUMMARY, else stdout)",
     )
-    report.add_argument(
+    _add_output_file(report)
+
+
+def _add_action_inputs(sub: Subparsers) -> None:
+    command = sub.add_parser(
+        "action-inputs",
+        help="check the composite action's inputs (from DCPI_<INPUT> variables) before anything "
+        "is installed; write run's arguments and the normalised values",
+    )
+    command.add_argument(
+        "--arguments-file",
+        required=True,
+        type=Path,
+        help="where run's arguments are written, one a line",
+    )
+    _add_output_file(command)
+
+
+def _add_output_file(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
         "--output-file",
         type=Path,
         default=_env_path("GITHUB_OUTPUT"),
@@ -258,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             "inspect": _inspect,
             "list": _list,
             "github-report": _github_report,
+            "action-inputs": _action_inputs,
             "in-job": _in_job,
         }
         return commands[args.command](args)
@@ -384,6 +405,37 @@ def _github_report(args: argparse.Namespace) -> int:
         print(f"dcp-invariant: error: cannot write the report: {exc}", file=sys.stderr)
     # The gate step decides pass or fail; this step must not stop the upload before it.
     return EXIT_OK
+
+
+def _action_inputs(args: argparse.Namespace) -> int:
+    from dcp_invariant import action_inputs, github
+
+    inputs = {
+        name: os.environ.get("DCPI_" + name.upper().replace("-", "_"), "")
+        for name in action_inputs.NAMES
+    }
+    checked = action_inputs.check(inputs, run_plan_of)
+    # One argument a line: none holds a line break (action_inputs checks the free-form ones).
+    lines = "".join(f"{argument}\n" for argument in checked.run_arguments)
+    try:
+        with open(args.arguments_file, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(lines)
+        rendered = github.render_outputs(checked.outputs())
+        if args.output_file is None:
+            _print_lines([rendered], end="")
+        else:
+            github.append(args.output_file, rendered)
+    except OSError as exc:
+        raise UsageError(f"cannot write the checked inputs: {exc}") from None
+    return EXIT_OK
+
+
+def run_plan_of(argv: list[str]) -> plan.Plan:
+    """The plan ``run`` would make of ``argv`` (``["run", ...]``), or its one-line BadInput."""
+    args = build_parser().parse_args(argv)
+    if args.command != "run":
+        raise UsageError(f"expected run's arguments, got {args.command}")
+    return _run_plan(args)
 
 
 def _print_lines(lines: list[str], end: str = "\n") -> None:

@@ -70,6 +70,10 @@ class InJobError(BadInput):
     """The job cannot run the checks as launched; the message says what to change."""
 
 
+class ActionInputError(BadInput, ValueError):
+    """An input of the composite action the job cannot run with; the message names the input."""
+
+
 class ArtifactNameError(BadInput, ValueError):
     """An artifact name GitHub's upload would refuse."""
 

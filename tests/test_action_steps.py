@@ -50,8 +50,16 @@ pytestmark = pytest.mark.skipif(
 
 REPO = Path(__file__).resolve().parents[1]
 ACTION = REPO / "action.yml"
+# How the environment step runs `dcp-invariant action-inputs` from the action's checkout.
+INPUTS_CHECK = (
+    'import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module("dcp_invariant", '
+    'run_name="__main__")'
+)
 STEP_TIMEOUT = 120
 SHA = "0123456789abcdef0123456789abcdef01234567"
+BASE_ARGS = ["--output-dir", "dcp-invariant-evidence", "--source-revision", SHA]
+FIXTURE = "my_project.checks:make_app"
+FIXTURE_OPTIONS = {"world-sizes": "1,2", "steps-before": "4", "steps-after": "2"}
 RUNNER = {
     "GITHUB_JOB": "integration",
     "RUNNER_OS": "Linux",
@@ -558,26 +566,10 @@ def test_tampered_artifact_is_rejected_without_running_the_suite(
     assert run.gate.returncode == 1
 
 
-def test_invalid_artifact_name_stops_the_report(tmp_path: Path, data_artifact: Path) -> None:
-    run = run_action(
-        tmp_path,
-        inputs={"artifact-name": "evidence/run-1"},
-        suite_artifact=data_artifact,
-        suite_exit=0,
-    )
+def test_invalid_artifact_name_stops_before_anything_is_installed(tmp_path: Path) -> None:
+    run = run_action(tmp_path, inputs={"artifact-name": "evidence/run-1"})
 
-    assert run.suite.outcome == "success"
-    assert run.report.outcome == "failure"
-    assert run.report.returncode == 2
-    lines = run.report.stderr.splitlines()
-    assert len(lines) == 1, run.report.stderr
-    assert "artifact-name" in lines[0]
-    # Bad input writes nothing: no outputs and no summary under a name that cannot be used.
-    assert run.report.outputs == {}
-    assert run.report.summary == ""
-    assert run.using("actions/upload-artifact").outcome == "skipped"
-    # The gate still gives the evidence its verdict.
-    assert run.gate.outcome == "success"
+    stopped_at_the_inputs(run, "input artifact-name 'evidence/run-1' is not usable: drop ['/']")
 
 
 # --- the private environment -----------------------------------------------------------------
@@ -593,6 +585,24 @@ def option(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
+# What the environment step runs with the Python it starts from, before it makes the
+# environment: the version check, then the inputs checked from the action's own checkout.
+CHECKS_FIRST = [
+    ["-c", "import sys; sys.exit(sys.version_info < (3, 11))"],
+    ["-c", INPUTS_CHECK, str(REPO), "action-inputs", "--arguments-file"],
+]
+
+
+def before_the_environment(run: ActionRun, role: str) -> list[Call]:
+    """The calls of ``role``'s Python that came before it made the environment, checked to be
+    the input check's; the calls after it."""
+    calls = [c for c in run.calls if c.role == role]
+    assert [c.args[: len(want)] for c, want in zip(calls, CHECKS_FIRST, strict=False)] == (
+        CHECKS_FIRST
+    ), calls
+    return calls[len(CHECKS_FIRST) :]
+
+
 def test_everything_is_installed_into_a_private_environment_under_runner_temp(
     tmp_path: Path, data_artifact: Path
 ) -> None:
@@ -604,7 +614,8 @@ def test_everything_is_installed_into_a_private_environment_under_runner_temp(
     # Python only makes the environment.
     setup = run.using("actions/setup-python")
     assert setup.with_ == {"python-version": "3.11", "update-environment": "false"}
-    seeds = [(c.role, *c.args[:-1], native(c.args[-1])) for c in run.calls if c.role != "venv"]
+    after = before_the_environment(run, "setup-python")
+    seeds = [(c.role, *c.args[:-1], native(c.args[-1])) for c in after]
     venv = native(str(Path(python).parents[1]))
     assert seeds == [("setup-python", "-m", "venv", "--system-site-packages", venv)]
     # The caller's Python (first on PATH) is never run, let alone installed into.
@@ -681,24 +692,91 @@ def test_no_evidence_no_attestation(tmp_path: Path) -> None:
     assert run.using("actions/attest-build-provenance").outcome == "skipped"
 
 
-def test_an_unknown_attest_value_stops_before_anything_is_installed(tmp_path: Path) -> None:
-    run = run_action(tmp_path, inputs={"attest": "yes"})
+def stopped_at_the_inputs(run: ActionRun, line: str) -> None:
+    """The environment step failed on ``line``, its one line, before anything was installed
+    or run, and every later step that needs it was skipped."""
+    failed = [s for s in run.steps if s.outcome == "failure"]
+    assert [s.step.get("id") for s in failed] == ["venv"], [s.stderr for s in failed]
+    assert failed[0].stderr.splitlines() == [f"dcp-invariant: error: {line}"]
+    assert run.installs("pip") == [] and run.installs("uv", "pip") == []
+    assert not [c for c in run.calls if c.args[:2] == ["-m", "venv"]]
+    assert run.suite_log == []
+    assert all(s.outcome == "skipped" for s in run.steps if s.index > failed[0].index)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "line"),
+    [
+        (
+            {"torch-version": "2.13"},
+            "input torch-version '2.13' is not a registered release: use one of "
+            + ", ".join(runtimes.releases()),
+        ),
+        ({"environment": "mine"}, "input environment 'mine' is neither 'action' nor 'caller'"),
+        ({"attest": "yes"}, "input attest 'yes' is neither 'true' nor 'false'"),
+        ({"upload": "1"}, "input upload '1' is neither 'true' nor 'false'"),
+        ({"run-suite": "no"}, "input run-suite 'no' is neither 'true' nor 'false'"),
+        (
+            {"source-revision": "main"},
+            "input source-revision 'main' is not a 40-hex commit SHA: leave it out (github.sha) "
+            "or give a full SHA",
+        ),
+        (
+            {"retention-days": "91"},
+            "input retention-days '91': give a whole number of days from 1 to 90, or leave it "
+            "empty for the repository's setting",
+        ),
+        ({"retention-days": "ten"}, "input retention-days 'ten': give a whole number"),
+        (
+            {"fixture": "my_project.checks"},
+            "input fixture 'my_project.checks': fixture 'my_project.checks' is not "
+            "MODULE:CALLABLE (e.g. my_trainer.checks:make_app)",
+        ),
+        ({"fixture": FIXTURE, "world-sizes": "1 2"}, "input world-sizes '1 2': --world-sizes"),
+        ({"fixture": FIXTURE, "steps-before": "0"}, "input steps-before '0': "),
+        ({"fixture": FIXTURE, "steps-after": "--help"}, "input steps-after '--help': "),
+        ({"fixture": FIXTURE, "fixture-args": "width"}, "input fixture-args 'width': "),
+        ({"fixture": FIXTURE, "rank-local": "a/b"}, "input rank-local 'a/b': "),
+        ({"fixture": FIXTURE, "ignore-attr": "model.x"}, "input ignore-attr 'model.x': "),
+        ({"world-sizes": "1,2"}, "input world-sizes '1,2': --world-sizes go with --fixture"),
+        (
+            {"output-dir": "kept"},
+            "input output-dir 'kept': kept already exists and is not an empty directory",
+        ),
+    ],
+)
+def test_a_bad_input_stops_before_anything_is_installed(
+    tmp_path: Path, inputs: dict[str, str], line: str
+) -> None:
+    def prepare(workspace: Path) -> None:
+        (workspace / "kept").mkdir()
+        (workspace / "kept" / "evidence.json").write_text("{}", encoding="utf-8")
+
+    run = run_action(tmp_path, inputs=inputs, prepare=prepare)
 
     failed = [s for s in run.steps if s.outcome == "failure"]
-    assert [s.step.get("id") for s in failed] == ["venv"]
-    assert "attest 'yes' is neither 'true' nor 'false'" in failed[0].stderr
-    assert run.installs("pip") == [] and run.installs("uv", "pip") == []
-    assert run.suite_log == []
+    assert failed and failed[0].stderr.startswith(f"dcp-invariant: error: {line}"), [
+        s.stderr for s in failed
+    ]
+    stopped_at_the_inputs(
+        run, failed[0].stderr.splitlines()[0].removeprefix("dcp-invariant: error: ")
+    )
 
 
-def test_an_unknown_environment_stops_before_anything_is_installed(tmp_path: Path) -> None:
-    run = run_action(tmp_path, inputs={"environment": "mine"})
+def test_booleans_are_read_as_github_reads_them(tmp_path: Path, data_artifact: Path) -> None:
+    """GitHub's `if:` compares case-insensitively: 'True' runs the suite, and the install its
+    suite needs runs too (a shell comparing it as given would have skipped torch)."""
+    run = run_action(
+        tmp_path,
+        inputs={"run-suite": "True", "upload": "FALSE", "environment": "Action"},
+        suite_artifact=data_artifact,
+    )
 
-    failed = [s for s in run.steps if s.outcome == "failure"]
-    assert [s.step.get("id") for s in failed] == ["venv"]
-    assert "environment 'mine' is neither 'action' nor 'caller'" in failed[0].stderr
-    assert run.installs("pip") == [] and run.installs("uv", "pip") == []
-    assert run.suite_log == []
+    assert [s.index for s in run.steps if s.outcome == "failure"] == []
+    assert [a for a in run.uv_install if a.startswith("torch==")] == ["torch==2.13.0"]
+    assert run.suite_log == [BASE_ARGS]
+    assert run.using("actions/upload-artifact").outcome == "skipped"
+    assert run.outputs["verdict"] == "pass"
 
 
 def test_empty_python_version_works_on_an_externally_managed_python(
@@ -715,7 +793,7 @@ def test_empty_python_version_works_on_an_externally_managed_python(
     assert run.using("actions/setup-python").outcome == "skipped"
     # The Python on PATH only makes the environment (venv works on a PEP 668 Python; pip install
     # into it would not), and everything is installed into that environment.
-    caller = [c for c in run.calls if c.role != "venv"]
+    caller = before_the_environment(run, "caller")
     assert [(c.role, c.args[:3]) for c in caller] == [
         ("caller", ["-m", "venv", "--system-site-packages"])
     ]
@@ -830,10 +908,6 @@ def test_written_evidence_is_uploaded_even_when_the_suite_failed(
 # The shim copies the registered artifact for these too: what is tested is the command line the
 # suite step builds and where it runs, not a fixture run's evidence.
 
-BASE_ARGS = ["--output-dir", "dcp-invariant-evidence", "--source-revision", SHA]
-FIXTURE = "my_project.checks:make_app"
-FIXTURE_OPTIONS = {"world-sizes": "1,2", "steps-before": "4", "steps-after": "2"}
-
 
 def caller_checkout(workspace: Path) -> None:
     """The caller's repository as actions/checkout leaves it: a package at the workspace root."""
@@ -939,29 +1013,20 @@ def test_fixture_args_and_rank_local_become_one_flag_each(
 def test_fixture_inputs_are_single_arguments_never_shell(
     tmp_path: Path, data_artifact: Path
 ) -> None:
+    """What a shell would run is one argument of run's, and refused as such."""
     hostile = {
-        "fixture": 'x:y $(touch pwned) "; touch pwned; #',
-        "world-sizes": "1 2 `touch pwned`",
-        "steps-before": "--help",
-        "steps-after": "3 --timeout 1",
+        "fixture": FIXTURE,
+        "fixture-args": 'name="tiny $(touch pwned)"; touch pwned',
+        "rank-local": "`touch pwned`",
     }
     run = run_action(tmp_path, inputs=hostile, suite_artifact=data_artifact)
 
-    assert run.suite_log == [
-        [
-            *BASE_ARGS,
-            "--fixture",
-            hostile["fixture"],
-            "--world-sizes",
-            hostile["world-sizes"],
-            "--steps-before",
-            hostile["steps-before"],
-            "--steps-after",
-            hostile["steps-after"],
-        ]
-    ]
+    stopped_at_the_inputs(
+        run,
+        "input rank-local '`touch pwned`': --rank-local '`touchpwned`': give a top-level key "
+        "of the app's state_dict(), e.g. --rank-local data",
+    )
     assert not (run.workspace / "pwned").exists()
-    assert run.suite.outcome == "failure"
 
 
 def test_fixture_missing_from_the_workspace_fails_the_suite(

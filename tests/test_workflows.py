@@ -469,12 +469,19 @@ def test_suite_step_passes_the_fixture_inputs_and_runs_in_the_workspace(
     assert len(suites) == 1
     suite = suites[0]
 
-    # Through env:, one variable per input; the script adds each flag only when it is non-empty
-    # (test_action_steps.py runs it).
-    env = {str(v).replace(" ", "") for v in suite["env"].values()}
-    assert {f"${{{{inputs.{name}}}}}" for name in FIXTURE_INPUTS} <= env
+    # Every input reaches the input check, through env:, one variable per input, before
+    # anything is installed; it writes run's arguments, which the suite step passes one a line
+    # (test_action_steps.py runs both).
+    [checks] = [s for s in action_steps(action) if "action-inputs" in s.get("run", "")]
+    env = {str(v).replace(" ", "") for v in checks["env"].values()}
+    assert {f"${{{{inputs.{name}}}}}" for name in action["inputs"]} - env == {
+        "${{inputs.python-version}}"  # setup-python's, before the check
+    }
+    assert "${{steps.venv.outputs.arguments-file}}" in {
+        str(v).replace(" ", "") for v in suite["env"].values()
+    }
     for name in FIXTURE_INPUTS:
-        assert f"--{name}" in suite["run"], name
+        assert f"DCPI_{name.upper().replace('-', '_')}" in checks["env"], name
     # No working-directory: a composite action's run step starts in $GITHUB_WORKSPACE (the
     # runner's ScriptHandler joins the workspace with an empty working-directory, and job
     # `defaults.run` do not reach composite steps), where the caller's checkout is, so a

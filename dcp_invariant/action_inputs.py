@@ -1,0 +1,195 @@
+"""The composite action's inputs (``action.yml``), checked in one step before anything is
+installed, and turned into what the later steps use.
+
+Run with the Python the action's environment is made from, from the action's own checkout
+(``dcp-invariant action-inputs``), so a typo costs seconds, not a torch install and a suite.
+Each bad value is one line that names the input (:class:`ActionInputError`, exit 2). The
+suite's own inputs are held to ``run``'s grammar by ``run``'s parser: one input at a time,
+so the line names the input at fault, then all together, as the suite step will pass them.
+
+GitHub reads a boolean input in ``if:`` case-insensitively (``'True' == 'true'``), and a shell
+step compares it as it is: the booleans, and ``environment``, are given back lower-case for the
+later steps to use, so ``run-suite: "True"`` runs the suite instead of skipping its install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from dcp_invariant import runtimes
+from dcp_invariant.errors import ActionInputError, BadInput
+from dcp_invariant.evidence.provenance import valid_revision
+
+Environment = Literal["action", "caller"]
+BOOLEANS = ("upload", "run-suite", "attest")
+MAX_RETENTION_DAYS = 90  # GitHub's longest artifact retention
+# The inputs `run` takes, and the flag each becomes; a list input is one flag per item.
+_LOOP_INPUTS = (
+    "world-sizes",
+    "steps-before",
+    "steps-after",
+    "fixture-args",
+    "rank-local",
+    "ignore-attr",
+)
+
+
+@dataclass(frozen=True)
+class Checked:
+    environment: Environment
+    run_suite: bool
+    upload: bool
+    attest: bool
+    # `dcp-invariant run`'s arguments, each one argument (never split or evaluated again).
+    run_arguments: tuple[str, ...]
+
+    def outputs(self) -> dict[str, str]:
+        """What the later steps read: the normalised values, as GitHub step outputs."""
+        return {
+            "environment": self.environment,
+            "run-suite": _text(self.run_suite),
+            "upload": _text(self.upload),
+            "attest": _text(self.attest),
+        }
+
+
+def _text(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
+# ``run``'s parser and plan: a command line's plan, or its one-line BadInput
+# (dcp_invariant.cli.run_plan_of, handed in: the CLI is what runs this module).
+RunParser = Callable[[list[str]], object]
+
+
+def check(inputs: Mapping[str, str], run_parser: RunParser) -> Checked:
+    """Every input, in ``action.yml``'s order; ActionInputError at the first bad one.
+
+    ``inputs`` maps each input's name to its value (an input left out counts as empty).
+    ``output-dir`` is read relative to the current directory, as the suite step reads it.
+    """
+    given = {name: inputs.get(name, "") for name in NAMES}
+    torch_version = given["torch-version"]
+    if torch_version not in runtimes.releases():
+        raise ActionInputError(
+            f"input torch-version {torch_version!r} is not a registered release: use one of "
+            f"{', '.join(runtimes.releases())}"
+        )
+    environment = given["environment"].lower()
+    if environment not in ("action", "caller"):
+        raise ActionInputError(
+            f"input environment {given['environment']!r} is neither 'action' nor 'caller'"
+        )
+    flags = {name: _boolean(name, given[name]) for name in BOOLEANS}
+    revision = given["source-revision"]
+    if not valid_revision(revision):
+        raise ActionInputError(
+            f"input source-revision {revision!r} is not a 40-hex commit SHA: leave it out "
+            "(github.sha) or give a full SHA"
+        )
+    _artifact_name(given["artifact-name"])
+    _retention_days(given["retention-days"])
+    arguments: tuple[str, ...] = ()
+    if flags["run-suite"]:
+        arguments = _run_arguments(given, run_parser)
+    return Checked(
+        environment="caller" if environment == "caller" else "action",
+        run_suite=flags["run-suite"],
+        upload=flags["upload"],
+        attest=flags["attest"],
+        run_arguments=arguments,
+    )
+
+
+# The inputs checked, as action.yml names them.
+NAMES = (
+    "torch-version",
+    "environment",
+    "output-dir",
+    "artifact-name",
+    "source-revision",
+    *BOOLEANS,
+    "retention-days",
+    "fixture",
+    *_LOOP_INPUTS,
+)
+
+
+def _boolean(name: str, value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise ActionInputError(f"input {name} {value!r} is neither 'true' nor 'false'")
+    return value.lower() == "true"
+
+
+def _artifact_name(value: str) -> None:
+    from dcp_invariant import github
+    from dcp_invariant.errors import ArtifactNameError
+
+    try:
+        github.artifact_name(value, "", {})
+    except ArtifactNameError as exc:
+        raise ActionInputError(f"input {exc}") from None
+
+
+def _retention_days(value: str) -> None:
+    if value and not (
+        value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_RETENTION_DAYS
+    ):
+        raise ActionInputError(
+            f"input retention-days {value!r}: give a whole number of days from 1 to "
+            f"{MAX_RETENTION_DAYS}, or leave it empty for the repository's setting"
+        )
+
+
+def _run_arguments(given: Mapping[str, str], run_parser: RunParser) -> tuple[str, ...]:
+    """``run``'s arguments from the inputs, each input held to ``run``'s grammar on its own."""
+    from dcp_invariant.suite.output_dir import check_target
+
+    output_dir = given["output-dir"]
+    if not output_dir or "\n" in output_dir or "\r" in output_dir:
+        raise ActionInputError(
+            f"input output-dir {output_dir!r}: give a directory path on one line"
+        )
+    try:
+        check_target(Path(output_dir))
+    except BadInput as exc:
+        raise ActionInputError(f"input output-dir {output_dir!r}: {exc}") from None
+    base = ["--output-dir", output_dir, "--source-revision", given["source-revision"]]
+    fixture = given["fixture"]
+    own: dict[str, list[str]] = {"fixture": ["--fixture", fixture] if fixture else []}
+    own["world-sizes"] = _flag("--world-sizes", given["world-sizes"])
+    own["steps-before"] = _flag("--steps-before", given["steps-before"])
+    own["steps-after"] = _flag("--steps-after", given["steps-after"])
+    # One argument a non-empty line, as it is (a CRLF's CR dropped): never split further.
+    lines = [line.removesuffix("\r") for line in given["fixture-args"].split("\n")]
+    own["fixture-args"] = [a for line in lines if line for a in ("--fixture-arg", line)]
+    own["rank-local"] = _listed("--rank-local", given["rank-local"])
+    own["ignore-attr"] = _listed("--ignore-attr", given["ignore-attr"])
+    for name in ("fixture", *_LOOP_INPUTS):
+        if own[name]:
+            alone = own["fixture"] + own[name] if name != "fixture" else own[name]
+            _parsed(run_parser, base + alone, f"input {name} {given[name]!r}: ")
+    arguments = [*base, *(a for name in ("fixture", *_LOOP_INPUTS) for a in own[name])]
+    _parsed(run_parser, arguments, "the fixture inputs together: ")
+    return tuple(arguments)
+
+
+def _flag(flag: str, value: str) -> list[str]:
+    return [flag, value] if value else []
+
+
+def _listed(flag: str, value: str) -> list[str]:
+    """A comma-separated input: one flag per item, blanks dropped."""
+    items = ["".join(item.split()) for item in value.split(",")]
+    return [a for item in items if item for a in (flag, item)]
+
+
+def _parsed(run_parser: RunParser, arguments: Sequence[str], prefix: str) -> None:
+    """``run``'s parser and plan on ``arguments``: its one line, prefixed, where they fail."""
+    try:
+        run_parser(["run", *arguments])
+    except BadInput as exc:
+        raise ActionInputError(f"{prefix}{exc}") from None
