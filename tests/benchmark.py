@@ -248,7 +248,8 @@ def _suite(
         started = time.perf_counter()
         proc = subprocess.Popen(
             command,
-            stdout=subprocess.DEVNULL,
+            # The verdict lines, each with its scenario's seconds, are on stdout (cli._Progress).
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
@@ -257,12 +258,12 @@ def _suite(
         if sample_memory:
             sampler.start()
         try:
-            _, stderr = proc.communicate(timeout=1800)
+            stdout, stderr = proc.communicate(timeout=1800)
         finally:
             if sample_memory:
                 sampler.stop()
         total = time.perf_counter() - started
-    per_scenario = {m.group(2): float(m.group(3)) for m in _LINE.finditer(stderr)}
+    per_scenario = {m.group(2): float(m.group(3)) for m in _LINE.finditer(stdout)}
     if proc.returncode != 0:
         print(stderr, file=sys.stderr)
     return total, per_scenario, sampler.peak, proc.returncode == 0
