@@ -25,7 +25,6 @@ from dcp_invariant.evidence.provenance import valid_revision
 
 Environment = Literal["action", "caller"]
 BOOLEANS = ("upload", "run-suite", "attest")
-MAX_RETENTION_DAYS = 90  # GitHub's longest artifact retention
 # The inputs `run` takes, and the flag each becomes; a list input is one flag per item.
 _LOOP_INPUTS = (
     "world-sizes",
@@ -72,18 +71,20 @@ def check(inputs: Mapping[str, str], run_parser: RunParser) -> Checked:
     ``output-dir`` is read relative to the current directory, as the suite step reads it.
     """
     given = {name: inputs.get(name, "") for name in NAMES}
-    torch_version = given["torch-version"]
-    if torch_version not in runtimes.releases():
-        raise ActionInputError(
-            f"input torch-version {torch_version!r} is not a registered release: use one of "
-            f"{', '.join(runtimes.releases())}"
-        )
     environment = given["environment"].lower()
     if environment not in ("action", "caller"):
         raise ActionInputError(
             f"input environment {given['environment']!r} is neither 'action' nor 'caller'"
         )
     flags = {name: _boolean(name, given[name]) for name in BOOLEANS}
+    torch_version = given["torch-version"]
+    # Installed only into the action's own environment, and only for the suite.
+    installed = environment == "action" and flags["run-suite"]
+    if installed and torch_version not in runtimes.releases():
+        raise ActionInputError(
+            f"input torch-version {torch_version!r} is not a registered release: use one of "
+            f"{', '.join(runtimes.releases())}"
+        )
     revision = given["source-revision"]
     if not valid_revision(revision):
         raise ActionInputError(
@@ -106,8 +107,8 @@ def check(inputs: Mapping[str, str], run_parser: RunParser) -> Checked:
 
 # The inputs checked, as action.yml names them.
 NAMES = (
-    "torch-version",
     "environment",
+    "torch-version",
     "output-dir",
     "artifact-name",
     "source-revision",
@@ -135,12 +136,12 @@ def _artifact_name(value: str) -> None:
 
 
 def _retention_days(value: str) -> None:
-    if value and not (
-        value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_RETENTION_DAYS
-    ):
+    # Any positive count: above what the repository allows, the upload lowers it to that
+    # limit with a warning (actions/upload-artifact), so a larger one is not an error.
+    if value and not (value.isascii() and value.isdigit() and int(value) >= 1):
         raise ActionInputError(
-            f"input retention-days {value!r}: give a whole number of days from 1 to "
-            f"{MAX_RETENTION_DAYS}, or leave it empty for the repository's setting"
+            f"input retention-days {value!r}: give a whole number of days, 1 or more, or leave "
+            "it empty for the repository's setting"
         )
 
 
@@ -157,6 +158,19 @@ def _run_arguments(given: Mapping[str, str], run_parser: RunParser) -> tuple[str
         check_target(Path(output_dir))
     except BadInput as exc:
         raise ActionInputError(f"input output-dir {output_dir!r}: {exc}") from None
+    single_line = (
+        "fixture",
+        "world-sizes",
+        "steps-before",
+        "steps-after",
+        "rank-local",
+        "ignore-attr",
+    )
+    for name in single_line:
+        # Each becomes one line of the arguments file: a line break (a YAML block scalar's
+        # trailing one, say) would split it there.
+        if "\n" in given[name] or "\r" in given[name]:
+            raise ActionInputError(f"input {name} {given[name]!r}: give it on one line")
     base = ["--output-dir", output_dir, "--source-revision", given["source-revision"]]
     fixture = given["fixture"]
     own: dict[str, list[str]] = {"fixture": ["--fixture", fixture] if fixture else []}

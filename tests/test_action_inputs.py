@@ -100,3 +100,23 @@ def test_each_input_is_held_to_runs_grammar() -> None:
     assert "--world-sizes" in checked.run_arguments
     with pytest.raises(ActionInputError, match=r"^input steps-after '1001': "):
         check({**DEFAULTS, "fixture": "m:f", "steps-after": "1001"})
+
+
+def test_a_line_break_in_an_argument_is_refused() -> None:
+    """Each argument is one line of the file the suite step reads: "3\\n" would be two."""
+    with pytest.raises(ActionInputError, match=r"^input steps-before '3\\n': give it on one line$"):
+        check({**DEFAULTS, "fixture": "m:f", "steps-before": "3\n"})
+
+
+@pytest.mark.parametrize("where", [{"run-suite": "false"}, {"environment": "caller"}])
+def test_torch_version_is_checked_only_where_it_is_installed(where: dict[str, str]) -> None:
+    with pytest.raises(ActionInputError, match=r"^input torch-version '2\.13' "):
+        check({**DEFAULTS, "torch-version": "2.13"})
+    if where.get("run-suite") == "false":
+        (Path("evidence")).mkdir()  # verifying only: the artifact is already there
+    check({**DEFAULTS, "torch-version": "2.13", **where})
+
+
+def test_a_retention_above_githubs_limit_is_left_to_the_upload() -> None:
+    """actions/upload-artifact lowers it to the repository's limit, with a warning."""
+    check({**DEFAULTS, "retention-days": "400"})

@@ -722,11 +722,13 @@ def stopped_at_the_inputs(run: ActionRun, line: str) -> None:
             "or give a full SHA",
         ),
         (
-            {"retention-days": "91"},
-            "input retention-days '91': give a whole number of days from 1 to 90, or leave it "
+            {"retention-days": "0"},
+            "input retention-days '0': give a whole number of days, 1 or more, or leave it "
             "empty for the repository's setting",
         ),
         ({"retention-days": "ten"}, "input retention-days 'ten': give a whole number"),
+        # A YAML block scalar's trailing line break would split the argument in two.
+        ({"fixture": FIXTURE, "steps-before": "3\n"}, "input steps-before '3\\n': give it on "),
         (
             {"fixture": "my_project.checks"},
             "input fixture 'my_project.checks': fixture 'my_project.checks' is not "

@@ -36,6 +36,7 @@ from dcp_invariant.ranks.digest import value_digest
 MAX_DEPTH = 16
 MAX_ENTRIES = 256  # of one container: a longer one is recorded by its kind and length
 MAX_ATTRIBUTES = 20_000
+CUT_KEY = "walk"  # where a walk past MAX_ATTRIBUTES says it stopped
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 # Where the global RNGs are recorded, beside the app's own attributes.
 GLOBAL_RNGS = ("rng.numpy", "rng.python", "rng.torch")
@@ -110,15 +111,18 @@ class _Walk:
 
     def visit(self, value: Any, path: str, depth: int) -> None:
         if self._ignoring and object_causes.ignored(path, self._ignoring):
+            # Seen, so that the object is not walked at another path that reaches it (an
+            # ignored optimizer, also reached through its LR scheduler).
+            if not issubclass(type(value), (dict, list, tuple)):
+                self._seen.add(id(value))
+                self._kept.append(value)
             return
         self._visited += 1
         if self._visited > MAX_ATTRIBUTES:
             if self._visited == MAX_ATTRIBUTES + 1:
-                # The first attribute left out says where the walk stopped: a reason naming
-                # what differs is then read knowing that what follows was not compared.
-                self.found[path] = (
-                    f"{_kind_of(value)} (past {MAX_ATTRIBUTES} attributes: not walked)"
-                )
+                # Where the walk stopped, under a key of its own: at the path itself it could
+                # stand where another run, one attribute earlier or later, records a tensor.
+                self.found[CUT_KEY] = f"stopped at {path} (past {MAX_ATTRIBUTES} attributes)"[:200]
             return
         try:
             self._visit(value, path, depth)

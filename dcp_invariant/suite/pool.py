@@ -166,15 +166,31 @@ def caller_main_hidden() -> Iterator[None]:
     standard input fails on the file ``<stdin>``. Workers run only this package's tasks on
     fixtures named by module, so for the run ``sys.modules["__main__"]`` is a bare module that
     names neither: nothing of the caller's is run again, on the fork-server and the spawn path.
+    Runs that overlap in threads share one stand-in, and the last to end puts the caller's
+    module back.
     """
-    main = sys.modules.get("__main__")
-    stand_in = types.ModuleType("__main__")
-    sys.modules["__main__"] = stand_in
+    global _hidden_main, _hiding
+    with _hiding_lock:
+        if _hiding == 0:
+            _hidden_main = sys.modules.get("__main__")
+            sys.modules["__main__"] = types.ModuleType("__main__")
+        _hiding += 1
     try:
         yield
     finally:
-        if sys.modules.get("__main__") is stand_in and main is not None:
-            sys.modules["__main__"] = main
+        with _hiding_lock:
+            _hiding -= 1
+            if _hiding == 0:
+                if _hidden_main is None:
+                    sys.modules.pop("__main__", None)
+                else:
+                    sys.modules["__main__"] = _hidden_main
+                _hidden_main = None
+
+
+_hiding_lock = threading.Lock()
+_hiding = 0  # runs under caller_main_hidden now
+_hidden_main: types.ModuleType | None = None
 
 
 class _ForkServer:

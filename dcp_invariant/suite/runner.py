@@ -65,8 +65,10 @@ class WorkerStartError(BadInput, RuntimeError):
         self.logs = self.details = logs  # --debug prints the worker's log
         missing = re.findall(r"No module named '([^']+)'", logs)
         codes = f" (exit codes {exit_codes})" if exit_codes else ""
-        errors = re.findall(r"^(\w*(?:Error|Exception)\b.*)$", logs, re.M)
-        if missing or not errors or "torch" in errors[-1] or "numpy" in errors[-1]:
+        errors = re.findall(r"^([\w.]*(?:Error|Exception)\b.*)$", logs, re.M)
+        # An installation that is broken fails an import, or loading a shared library.
+        broken = not errors or re.match(r"(?:\w+\.)*(?:ImportError|OSError)\b", errors[-1])
+        if missing or broken:
             what = (
                 f"could not import {missing[-1]}" if missing else "could not import torch and numpy"
             )

@@ -154,9 +154,9 @@ def test_the_walk_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "app.few.1" in found and not any(k.startswith("app.items.") for k in found)
     monkeypatch.setattr(app_objects, "MAX_ATTRIBUTES", 50)
     found = app_objects.fingerprints({"n": list(range(200))})
-    assert len([k for k in found if k.startswith("app.")]) == 49  # 48 walked, the marker
-    # Where it stopped is recorded: the first attribute left out.
-    assert found["app.n.48"] == "int (past 50 attributes: not walked)"
+    assert len([k for k in found if k.startswith("app.")]) == 48
+    # Where it stopped is recorded under a key of its own, never at an attribute's path.
+    assert found[app_objects.CUT_KEY] == "stopped at app.n.48 (past 50 attributes)"
 
 
 def test_ignored_attributes_are_not_walked_and_spend_nothing(
@@ -171,6 +171,17 @@ def test_ignored_attributes_are_not_walked_and_spend_nothing(
     assert "rng.python" not in found and "rng.torch" in found
     cut = app_objects.fingerprints(app)
     assert "app.b.0" not in cut
+
+
+def test_an_ignored_object_is_not_walked_where_another_path_reaches_it() -> None:
+    """An ignored optimizer is also its scheduler's: it is left out there too."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    app = {"opt": optimizer, "sched": scheduler}
+    found = app_objects.fingerprints(app, ignoring=["app.opt"])
+    assert not any(".optimizer." in k or k.startswith("app.opt") for k in found), found
+    assert any(k.startswith("app.sched.") for k in found)
 
 
 def test_keys_that_are_object_ids_are_named_by_their_place() -> None:

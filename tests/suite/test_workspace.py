@@ -103,6 +103,11 @@ def test_a_worker_that_failed_otherwise_is_not_sent_to_reinstall_torch() -> None
     )
     broken = "Traceback ...\nImportError: libtorch_cpu.so: cannot open shared object file\n"
     assert "reinstall torch" in str(runner.WorkerStartError([1], broken))
+    # A dotted exception whose message names torch is still the loop's, not the installation's.
+    dotted = "Traceback ...\ntorch.distributed.DistBackendError: torch says no\n"
+    assert "failed before its first task: torch.distributed.DistBackendError: torch says no" in (
+        str(runner.WorkerStartError([1], dotted))
+    )
 
 
 def test_a_full_workspace_stops_the_run_instead_of_failing_the_scenario(tmp_path: Path) -> None:
