@@ -298,6 +298,16 @@ class Plan:
                 return scenario
         raise KeyError(name)
 
+    def arms_home(self, name: str) -> str | None:
+        """The scenario whose observation holds ``name``'s ``never_saves`` and ``repeat`` arms,
+        where that is another: ``resume_<w>`` for an ``async_resume`` at w, which runs the same
+        two arms (dcp_invariant/evidence/shared_arms.py). None for every other scenario."""
+        scenario = self.scenario(name)
+        home = f"resume_{scenario.source_world_size}"
+        if scenario.family == "async_resume" and home in self.names:
+            return home
+        return None
+
     @property
     def baseline_label(self) -> str:
         return f"step-{self.steps_before}"

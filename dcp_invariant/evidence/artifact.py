@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_invariant import canonical, plan
-from dcp_invariant.evidence import junit, manifest, rules, schema
+from dcp_invariant.evidence import junit, manifest, object_causes, rules, schema, shared_arms
 
 
 def build(
@@ -21,11 +21,14 @@ def build(
     """Every artifact file's bytes, keyed by relative path."""
     if sorted(observations) != sorted(run_plan.names):
         raise ValueError(f"expected observations for {list(run_plan.names)}")
+    # As stored: the arms scenarios share in one observation, every digest labelled run-wide.
+    stored = shared_arms.recorded_once(observations, run_plan=run_plan)
+    object_causes.intern([stored[name] for name in run_plan.names])
     # Judged alone and against each other, as the verifier judges them again.
-    results = rules.results(observations, run_plan=run_plan)
+    results = rules.results(stored, run_plan=run_plan)
     files = derived(results, run_plan=run_plan)
     files[schema.PROVENANCE_FILE] = canonical.dumps(provenance)
-    for name, obs in observations.items():
+    for name, obs in stored.items():
         files[schema.observation_file(name)] = canonical.dumps(obs)
     files[schema.MANIFEST_FILE] = manifest.render(files)
     return files

@@ -22,11 +22,13 @@ _ARM, _RESUMED = ("saved", "final"), ("loaded", "final")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 MAX_NAMED = 8
-# A value whose every bit is compared: a tensor's ("float32[4,4] ~3": its digest's label,
-# :func:`settle`; DTensor shards included) or a generator's state. The end of a resume compares these only: a number or a
-# string that differs there without a loss showing it is bookkeeping (a counter of loads, a
-# path), while a tensor that differs is state a later evaluation or export reads.
-_COMPARED_AT_END = re.compile(r"(?:\S+\[[\d,]*\]|Generator) ~\d+")
+# A value whose every bit is compared: a tensor's ("float32[4,4] ~3", DTensor shards included)
+# or a generator's state, by its digest, or by the digest's label once the artifact is written
+# (:func:`intern`; the runner judges each scenario before). The end of a resume compares these
+# only: a number or a string that differs there without a loss showing it is bookkeeping (a
+# counter of loads, a path), while a tensor that differs is state a later evaluation or export
+# reads.
+_COMPARED_AT_END = re.compile(r"(?:\S+\[[\d,]*\]|Generator) (?:~\d+|[0-9a-f]{64})")
 # The global RNGs: other processes' history (the tool's own, torch's) moves them too, so the
 # end of a resume does not judge them; right after the load they are named like the rest.
 _GLOBAL = "rng."
@@ -106,6 +108,7 @@ def changed_by_save(never: Objects, saving: Objects) -> list[str]:
         p
         for p in differing(never, saving, set())
         if not p.startswith(_GLOBAL)
+        and VOLATILE not in (never.get(p), saving.get(p))
         and any(_COMPARED_AT_END.fullmatch(v) for v in (never.get(p, ""), saving.get(p, "")))
     ]
 
@@ -175,8 +178,9 @@ def ignored(path: str, paths: Sequence[str]) -> bool:
 def settle(
     first: Any, second: Any, resumed: Any, ignoring: Sequence[str] = (), *, never_saves: Any = None
 ) -> None:
-    """Make what the ranks recorded of the app's objects repeat from run to run, in place, and
-    leave out the attributes the plan ignores (``ignoring``).
+    """Mark what the ranks recorded of the app's objects that a run cannot repeat, in place,
+    and leave out the attributes the plan ignores (``ignoring``); :func:`intern` then labels
+    the digests, run-wide.
 
     ``first`` and ``second`` are the two uninterrupted arms that save (group records),
     ``resumed`` the resumed group's, ``never_saves`` the arm that never saves (each may be
@@ -206,18 +210,34 @@ def settle(
                 _mark(recorded, unstable)
             _mark(walk(never.get(rank), arm_phase), unstable)
             _settle_resumed(walk(target.get(rank), resumed_phase), walks[0], unstable)
-    _intern(
-        [
-            walk(group.get(rank), phase)
-            for group, phases in walked
-            for rank in sorted(group)
-            for phase in phases
-        ]
-    )
+
+
+# Where an observation keeps walks, in the order their digests are labelled (:func:`intern`).
+_WALKING_ARMS = ("reference", "never_saves", "repeat", "target", "source")
+_PHASES = ("saved", "loaded", "final")
+
+
+def intern(observations: Sequence[Any]) -> None:
+    """Label every digest of every walk that ``observations`` hold, in place, numbered by
+    first appearance across all of them (:func:`_intern`): one run's labels, so equal labels in
+    two files of an artifact are equal values, and the files repeat from run to run.
+
+    ``observations`` in the plan's order, as the artifact stores them (:mod:`.shared_arms`).
+    """
+    walks = []
+    for obs in observations:
+        for arm in _WALKING_ARMS:
+            group = obs.get(arm) if isinstance(obs, dict) else None
+            by_rank = _by_rank(group) if isinstance(group, dict) else {}
+            for rank in sorted(by_rank):
+                walks += [walk(by_rank[rank], phase) for phase in _PHASES]
+    _intern(walks)
 
 
 def _by_rank(group: Any) -> dict[int, Any]:
-    return {} if group is None else {r["rank"]: r for r in group["ranks"]}
+    if group is None:
+        return {}
+    return {r["rank"]: r for r in group["ranks"] if isinstance(r, dict) and "rank" in r}
 
 
 def walk(rank: Any, phase: str) -> MutableMapping[str, str] | None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from dcp_invariant import plan
-from dcp_invariant.evidence import object_causes, schema
+from dcp_invariant.evidence import object_causes, schema, shared_arms
 from dcp_invariant.evidence.families import FAMILIES
 from dcp_invariant.evidence.families._record_parts import Obs
 from dcp_invariant.evidence.families._sightings import Sightings
@@ -96,8 +96,10 @@ def results(observations: Mapping[str, Obs], *, run_plan: plan.Plan) -> dict[str
     """The result record of each observation given, in plan order, judged alone and against
     its siblings (:func:`consistency`)."""
     across = consistency(observations, run_plan=run_plan)
+    # A scenario whose arms another scenario's observation holds is judged with them.
+    judged = shared_arms.attached(observations, run_plan)
     return {
-        name: result_record(name, observations[name], run_plan=run_plan, extra=across.get(name, ()))
+        name: result_record(name, judged[name], run_plan=run_plan, extra=across.get(name, ()))
         for name in run_plan.names
         if name in observations
     }

@@ -9,7 +9,7 @@ import pytest
 from artifact_data import DATA_ARTIFACT
 
 from dcp_invariant import canonical, plan
-from dcp_invariant.evidence import provenance, rules, schema
+from dcp_invariant.evidence import provenance, rules, schema, shared_arms
 
 FIXTURE_ARTIFACT = DATA_ARTIFACT.parent / "fixture-artifact"
 RUN_PLAN = provenance.recorded_plan(
@@ -19,9 +19,13 @@ ASYNC = [n for n in RUN_PLAN.names if n.startswith("async_")]
 
 
 def observation(name: str) -> dict[str, Any]:
-    return copy.deepcopy(
-        canonical.loads((FIXTURE_ARTIFACT / schema.observation_file(name)).read_bytes())
-    )
+    """``name``'s observation as its rule judges it: with the arms it shares attached from
+    the observation that holds them (shared_arms.py)."""
+    stored = {
+        n: canonical.loads((FIXTURE_ARTIFACT / schema.observation_file(n)).read_bytes())
+        for n in {name, RUN_PLAN.arms_home(name) or name}
+    }
+    return copy.deepcopy(shared_arms.attached(stored, RUN_PLAN)[name])
 
 
 def test_every_save_mode_is_in_the_checked_in_run() -> None:

@@ -127,9 +127,14 @@ def test_digests_become_labels_numbered_by_first_appearance() -> None:
     second = _group({"saved": {"g": f"state {one}", "w": f"float32[2] {two}"}, "final": None})
     resumed = _group({"loaded": {"g": f"state {two}", "w": f"float32[2] {two}"}, "final": None})
     object_causes.settle(first, second, resumed)
+    # Across observations: one run's labels, in the order the artifact stores them.
+    other = {"reference": _group({"saved": {"g": f"state {two}"}, "final": None})}
+    object_causes.intern([{"reference": first, "repeat": second, "target": resumed}, other])
     assert first["ranks"][0]["objects"]["saved"] == {"g": "state ~1", "w": "float32[2] ~2"}  # type: ignore[index]
     assert resumed["ranks"][0]["objects"]["loaded"] == {"g": "state ~2", "w": "float32[2] ~2"}  # type: ignore[index]
+    assert other["reference"]["ranks"][0]["objects"]["saved"] == {"g": "state ~2"}  # type: ignore[index]
     object_causes.settle(None, None, None)  # a scenario stopped before any arm ran
+    object_causes.intern([{"reference": None, "target": None}])
 
 
 def test_ignored_attributes_are_left_out_of_every_walk() -> None:
@@ -181,6 +186,7 @@ def test_the_arm_that_never_saves_is_settled_with_the_arms_that_save() -> None:
         {"saved": {"t": "int 3", "w": f"float32[2] {two}", "app.ema": "int 1"}, "final": None}
     )
     object_causes.settle(first, second, None, ("app.ema",), never_saves=never)
+    object_causes.intern([{"reference": first, "never_saves": never, "repeat": second}])
     assert never["ranks"][0]["objects"]["saved"] == {"t": "volatile", "w": "float32[2] ~2"}  # type: ignore[index]
     assert first["ranks"][0]["objects"]["saved"]["w"] == "float32[2] ~1"  # type: ignore[index]
 
@@ -200,3 +206,11 @@ def test_what_a_save_changed_is_its_tensors_and_generators() -> None:
     (cause,) = object_causes.save_causes(paths)
     assert "_init_optim_state" in cause and "pytorch#140898" in cause
     assert object_causes.save_causes(["app.w"]) == []
+
+
+def test_the_end_of_a_resume_is_judged_alike_before_and_after_labelling() -> None:
+    """The runner judges each scenario on raw digests as it ends; the artifact on labels."""
+    raw = {"app.ema.w": f"float32[2] {'1' * 64}"}
+    moved = {"app.ema.w": f"float32[2] {'2' * 64}"}
+    assert object_causes.at_the_end(raw, moved, set()) == ["app.ema.w"]
+    assert object_causes.changed_by_save(raw, moved) == ["app.ema.w"]

@@ -10,7 +10,7 @@ import pytest
 from artifact_data import DATA_ARTIFACT
 
 from dcp_invariant import canonical, plan
-from dcp_invariant.evidence import diagnosis, observation, provenance, rules, schema
+from dcp_invariant.evidence import diagnosis, observation, provenance, rules, schema, shared_arms
 
 FIXTURE_ARTIFACT = DATA_ARTIFACT.parent / "fixture-artifact"
 RUN_PLAN = provenance.recorded_plan(
@@ -24,13 +24,18 @@ def other(entry: str) -> str:
 
 
 def real(name: str) -> dict[str, Any]:
-    return copy.deepcopy(
-        canonical.loads((FIXTURE_ARTIFACT / schema.observation_file(name)).read_bytes())
-    )
+    """``name``'s observation as its rule judges it: with the arms it shares attached from
+    the observation that holds them (shared_arms.py)."""
+    stored = {
+        n: canonical.loads((FIXTURE_ARTIFACT / schema.observation_file(n)).read_bytes())
+        for n in {name, RUN_PLAN.arms_home(name) or name}
+    }
+    return copy.deepcopy(shared_arms.attached(stored, RUN_PLAN)[name])
 
 
 def derive(name: str, obs: dict[str, Any], run_plan: plan.Plan = RUN_PLAN) -> list[str]:
-    assert observation.validate(name, obs, run_plan=run_plan) == [], "the edit broke the shape"
+    stored = shared_arms.recorded_once({name: obs}, run_plan)[name]  # as the artifact holds it
+    assert observation.validate(name, stored, run_plan=run_plan) == [], "the edit broke the shape"
     return rules.derive(name, obs, run_plan=run_plan)
 
 

@@ -13,8 +13,6 @@ from dcp_invariant.evidence.families._fixture_arms import (
     async_train_rank,
     fixture_common_fields,
     fixture_sightings,
-    fixture_train_rank,
-    never_saves_rank,
     saved_by_rank,
 )
 from dcp_invariant.evidence.families._promotion import commit_at_baseline
@@ -23,10 +21,9 @@ from dcp_invariant.evidence.families._record_parts import Obs, always, group
 SHAPE = record(
     **fixture_common_fields,
     save_mode=one_of(*get_args(plan.AsyncMode)),
-    never_saves=optional(group(never_saves_rank)),
+    # never_saves and repeat, which every scenario at one world size shares, are stored in
+    # resume_<w>'s observation and attached from there to be judged (shared_arms.py).
     reference=optional(group(async_train_rank)),
-    # The scenarios at one world size share it: it saves synchronously (resume.py).
-    repeat=optional(group(fixture_train_rank)),
 )
 
 shape_for = always(SHAPE)

@@ -104,11 +104,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     cause_1 += load_failures(scenario, target["ranks"], lambda r: f"resumed rank {r}")
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
-    repeat = {r["rank"]: r for r in obs["repeat"]["ranks"]}
     for rank in loaded_ranks:
         if rank["rank"] not in reference:
             continue  # already reported: the resumed group's ranks are not the planned ones
-        arms = (reference[rank["rank"]], repeat.get(rank["rank"]))
+        arm = reference[rank["rank"]]
         where = f"rank {rank['rank']}"
         diverged = diagnosis.step_divergence(
             where,
@@ -118,10 +117,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             n,
             not cause_1,
             diagnosis.outside_cause(scenario),
-            _objects_after_load(arms, rank),
+            _objects_after_load(arm, rank),
         )
         if not diverged and not cause_1:
-            diverged = _unseen_at_the_end(scenario, arms, rank, where, k)
+            diverged = _unseen_at_the_end(scenario, arm, rank, where, k)
         cause_2 += diverged
     return reasons + cause_1 + hints + save_changed + cause_2
 
@@ -156,15 +155,14 @@ def _save_changed(obs: Obs, n: int) -> list[str]:
     return reasons
 
 
-def _objects_after_load(arms: tuple[Obs, Obs | None], rank: Obs) -> str:
+def _objects_after_load(arm: Obs, rank: Obs) -> str:
     """The app's attributes that differ between the save and right after the load, with their
-    likely causes: what a step that differs although the state dict round-tripped points at."""
-    saved, loaded = object_causes.walk(arms[0], "saved"), object_causes.walk(rank, "loaded")
+    likely causes: what a step that differs although the state dict round-tripped points at.
+    (What two runs disagree on was recorded as volatile in both: object_causes.settle.)"""
+    saved, loaded = object_causes.walk(arm, "saved"), object_causes.walk(rank, "loaded")
     if saved is None or loaded is None:
         return ""
-    paths = object_causes.differing(
-        saved, loaded, object_causes.volatile(saved, object_causes.walk(arms[1], "saved"))
-    )
+    paths = object_causes.differing(saved, loaded, set())
     if not paths:
         return ""
     text = "the app's objects that differ right after the load: " + object_causes.shown(
@@ -175,16 +173,14 @@ def _objects_after_load(arms: tuple[Obs, Obs | None], rank: Obs) -> str:
 
 
 def _unseen_at_the_end(
-    scenario: plan.Scenario, arms: tuple[Obs, Obs | None], rank: Obs, where: str, k: int
+    scenario: plan.Scenario, arm: Obs, rank: Obs, where: str, k: int
 ) -> list[str]:
     """Every resumed step matched, yet the app's tensors differ from the uninterrupted run's
     after the K steps: state that never reaches the loss (an EMA the checkpoint leaves out)."""
-    final, resumed = object_causes.walk(arms[0], "final"), object_causes.walk(rank, "final")
+    final, resumed = object_causes.walk(arm, "final"), object_causes.walk(rank, "final")
     if final is None or resumed is None:
         return []
-    paths = object_causes.at_the_end(
-        final, resumed, object_causes.volatile(final, object_causes.walk(arms[1], "final"))
-    )
+    paths = object_causes.at_the_end(final, resumed, set())
     if not paths:
         return []
     cause, _ = diagnosis.outside_cause(scenario)

@@ -16,8 +16,9 @@ Three uninterrupted arms take the N+K steps:
   again. In a torchrun job (``in-job``) that group is every worker torchrun restarted.
 
 ``never_saves`` and ``repeat`` are the same at one world size whatever the scenario, so on this
-machine's pool the scenarios at that size share one run of each (:mod:`.shared_groups`); each
-observation holds a copy of their records.
+machine's pool the scenarios at that size share one run of each (:mod:`.shared_groups`); the
+artifact records them once, in ``resume_<w>``'s observation
+(dcp_invariant/evidence/shared_arms.py).
 """
 
 from __future__ import annotations
