@@ -300,11 +300,13 @@ class Plan:
 
     def arms_home(self, name: str) -> str | None:
         """The scenario whose observation holds ``name``'s ``never_saves`` and ``repeat`` arms,
-        where that is another: ``resume_<w>`` for an ``async_resume`` at w, which runs the same
-        two arms (dcp_invariant/evidence/shared_arms.py). None for every other scenario."""
+        where that is another: in a fixture run, ``resume_<w>`` for an ``async_resume`` at w,
+        which the pool runs the same two arms for (dcp_invariant/evidence/shared_arms.py). None
+        for every other scenario, and in a job."""
         scenario = self.scenario(name)
         home = f"resume_{scenario.source_world_size}"
-        if scenario.family == "async_resume" and home in self.names:
+        # Only the pool shares groups: in a job every scenario runs its own arms (and keeps them).
+        if self.kind == "fixture" and scenario.family == "async_resume" and home in self.names:
             return home
         return None
 

@@ -72,8 +72,9 @@ FREE_FIELDS: tuple[FreeField, ...] = (
     FreeField(
         "observations/*.json",
         "reference.ranks[].objects.*",
-        "the app's own objects: a fingerprint edited in one uninterrupted arm reads as an "
-        "attribute the two arms disagree on (a timestamp, say), which is never named",
+        "the app's own objects: at the end only their tensors and generators are judged, "
+        "against the resumed run's; the rest only names a cause in a reason that fails on its "
+        "own",
     ),
     FreeField(
         "observations/*.json",

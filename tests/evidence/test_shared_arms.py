@@ -32,7 +32,7 @@ def test_each_async_scenario_keeps_its_shared_arms_in_its_sizes_resume() -> None
     ]
     observations = stored()
     for name in shared_arms.sharing(RUN_PLAN):
-        assert not set(shared_arms.SHARED) & set(observations[name]), name
+        assert all(observations[name][arm] is None for arm in shared_arms.SHARED), name
         home = RUN_PLAN.arms_home(name)
         assert home == f"resume_{RUN_PLAN.scenario(name).source_world_size}"
         judged = shared_arms.attached(observations, RUN_PLAN)[name]
@@ -54,16 +54,30 @@ def test_an_edit_of_a_shared_arm_fails_every_scenario_that_shares_it() -> None:
     assert failed == {"resume_1", "async_resume_1", "async_process_resume_1"}
 
 
-def test_an_async_observation_holding_the_arms_itself_is_refused() -> None:
-    """The artifact holds them once: a copy in a sharing scenario's file is not its shape."""
+def test_where_the_home_never_ran_them_a_scenario_keeps_the_arms_it_ran() -> None:
+    """resume_1's own first arm failed, so it never ran the shared ones; async_resume_1 ran
+    them: they are stored with it and judged, as the runner judged it."""
     observations = stored()
-    name = "async_resume_2"
-    copied = {**observations[name], "repeat": observations["resume_2"]["repeat"]}
-    assert observation.validate(name, copied, run_plan=RUN_PLAN) != []
+    judged = shared_arms.attached(observations, RUN_PLAN)
+    ran = {arm: judged["async_resume_1"][arm] for arm in shared_arms.SHARED}
+    observations["resume_1"].update(dict.fromkeys(shared_arms.SHARED))
+    observations["async_resume_1"].update(ran)
+    kept = shared_arms.recorded_once(observations, RUN_PLAN)
+    assert all(kept["async_resume_1"][arm] == ran[arm] for arm in shared_arms.SHARED)
+    assert observation.validate("async_resume_1", kept["async_resume_1"], run_plan=RUN_PLAN) == []
+    result = rules.results(kept, run_plan=RUN_PLAN)["async_resume_1"]
+    assert result["verdict"] == "pass", result["reasons"]
+
+
+def test_a_job_shares_nothing() -> None:
+    """In a torchrun job every scenario runs its own arms, and keeps them."""
+    job = plan.in_job_plan("m:f", plan.Launch(nodes=1, nproc_per_node=2, backend="gloo"))
+    assert "async_resume_2" in job.names
+    assert [n for n in job.names if job.arms_home(n)] == []
 
 
 def test_without_their_home_the_arms_are_missing_and_the_scenario_says_so() -> None:
-    observations = {"async_resume_1": stored()["async_resume_1"]}
+    observations = {"async_resume_1": stored()["async_resume_1"]}  # null arms, no resume_1
     judged = shared_arms.attached(observations, RUN_PLAN)["async_resume_1"]
     assert judged["never_saves"] is None
     assert "never_saves: did not run" in rules.derive("async_resume_1", judged, run_plan=RUN_PLAN)

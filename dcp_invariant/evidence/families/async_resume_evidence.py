@@ -13,6 +13,8 @@ from dcp_invariant.evidence.families._fixture_arms import (
     async_train_rank,
     fixture_common_fields,
     fixture_sightings,
+    fixture_train_rank,
+    never_saves_rank,
     saved_by_rank,
 )
 from dcp_invariant.evidence.families._promotion import commit_at_baseline
@@ -21,9 +23,11 @@ from dcp_invariant.evidence.families._record_parts import Obs, always, group
 SHAPE = record(
     **fixture_common_fields,
     save_mode=one_of(*get_args(plan.AsyncMode)),
-    # never_saves and repeat, which every scenario at one world size shares, are stored in
-    # resume_<w>'s observation and attached from there to be judged (shared_arms.py).
+    # never_saves and repeat are null where resume_<w>'s observation holds them, and judged
+    # from there (shared_arms.py); a job's scenarios, which share nothing, keep their own.
+    never_saves=optional(group(never_saves_rank)),
     reference=optional(group(async_train_rank)),
+    repeat=optional(group(fixture_train_rank)),
 )
 
 shape_for = always(SHAPE)
