@@ -74,16 +74,13 @@ def volatile(first: Objects | None, second: Objects | None) -> set[str]:
     return {p for p in first.keys() | second.keys() if first.get(p) != second.get(p)}
 
 
-def differing(expected: Objects, got: Objects, volatile: set[str]) -> list[str]:
-    """Paths whose fingerprints differ, in path order, volatile ones left out."""
-    return sorted(
-        p
-        for p in expected.keys() | got.keys()
-        if p not in volatile and expected.get(p) != got.get(p)
-    )
+def differing(expected: Objects, got: Objects) -> list[str]:
+    """Paths whose fingerprints differ, in path order. What two uninterrupted runs disagree on
+    reads :data:`VOLATILE` in every walk (:func:`settle`), so it never differs here."""
+    return sorted(p for p in expected.keys() | got.keys() if expected.get(p) != got.get(p))
 
 
-def at_the_end(expected: Objects, got: Objects, volatile: set[str]) -> list[str]:
+def at_the_end(expected: Objects, got: Objects) -> list[str]:
     """The tensors and generators of the app that differ after the same steps
     (:data:`_COMPARED_AT_END`)."""
     # Only a path both walks reached: a walk records an object at the first path that reaches
@@ -91,7 +88,7 @@ def at_the_end(expected: Objects, got: Objects, volatile: set[str]) -> list[str]
     # where the other records it, and its absence proves nothing.
     return [
         p
-        for p in differing(expected, got, volatile)
+        for p in differing(expected, got)
         if p in expected
         and p in got
         and not p.startswith(_GLOBAL)
@@ -106,7 +103,7 @@ def changed_by_save(never: Objects, saving: Objects) -> list[str]:
     alike, :func:`settle`). The global RNGs are left out, as at the end of a resume."""
     return [
         p
-        for p in differing(never, saving, set())
+        for p in differing(never, saving)
         if not p.startswith(_GLOBAL)
         and VOLATILE not in (never.get(p), saving.get(p))
         and any(_COMPARED_AT_END.fullmatch(v) for v in (never.get(p, ""), saving.get(p, "")))
@@ -128,7 +125,7 @@ _SAVE_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
 
 def save_causes(paths: Sequence[str]) -> list[str]:
     """The likely reasons a save changed training, from what it changed (:func:`changed_by_save`)."""
-    return [fix for pattern, fix in _SAVE_CAUSES if any(pattern.search(p) for p in paths)]
+    return _fixes(_SAVE_CAUSES, paths)
 
 
 def shown(expected: Objects, got: Objects, paths: Sequence[str], before: str, after: str) -> str:
@@ -151,11 +148,12 @@ def shown(expected: Objects, got: Objects, paths: Sequence[str], before: str, af
 
 def likely_causes(paths: Sequence[str]) -> list[str]:
     """The fixes for the kinds of state named, once each, in the order of :data:`_CAUSES`."""
-    found = []
-    for pattern, fix in _CAUSES:
-        if any(pattern.search(p) for p in paths):
-            found.append(fix)
-    return found
+    return _fixes(_CAUSES, paths)
+
+
+def _fixes(table: Sequence[tuple[re.Pattern[str], str]], paths: Sequence[str]) -> list[str]:
+    """Each fix of ``table`` whose pattern some path matches, in the table's order."""
+    return [fix for pattern, fix in table if any(pattern.search(p) for p in paths)]
 
 
 def _value(entry: str | None) -> str:
@@ -212,8 +210,9 @@ def settle(
             _settle_resumed(walk(target.get(rank), resumed_phase), walks[0], unstable)
 
 
-# Where an observation keeps walks, in the order their digests are labelled (:func:`intern`).
-_WALKING_ARMS = ("reference", "never_saves", "repeat", "target", "source")
+# Where an observation keeps walks, in the order their digests are labelled (:func:`intern`)
+# and searched for an ignored attribute (rules.py).
+WALKING_ARMS = ("reference", "never_saves", "repeat", "target", "source")
 _PHASES = ("saved", "loaded", "final")
 
 
@@ -226,7 +225,7 @@ def intern(observations: Sequence[Any]) -> None:
     """
     walks = []
     for obs in observations:
-        for arm in _WALKING_ARMS:
+        for arm in WALKING_ARMS:
             group = obs.get(arm) if isinstance(obs, dict) else None
             by_rank = _by_rank(group) if isinstance(group, dict) else {}
             for rank in sorted(by_rank):

@@ -41,7 +41,7 @@ def _ignored_recorded(obs: Obs, ignoring: tuple[str, ...]) -> list[str]:
     """An attribute the plan ignores (``--ignore-attr``) is not among what a rank recorded."""
     if not ignoring:
         return []
-    for arm in ("reference", "never_saves", "repeat", "target", "source"):
+    for arm in object_causes.WALKING_ARMS:
         for rank in (obs.get(arm) or {"ranks": []})["ranks"]:
             for walk in (rank.get("objects") or {}).values():
                 found = sorted(p for p in walk or () if object_causes.ignored(p, ignoring))

@@ -61,7 +61,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             )
     if reasons:
         return reasons  # nothing else can be judged on a fixture that does not repeat itself
-    save_changed = _save_changed(obs, n)
+    save_changed = _save_changed(obs["reference"], never, n)
     commit = obs["commit"]
     if commit is None:
         return ["commit: did not run"]
@@ -125,12 +125,11 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     return reasons + cause_1 + hints + save_changed + cause_2
 
 
-def _save_changed(obs: Obs, n: int) -> list[str]:
-    """Where the arm whose save is loaded parts from the arm that never saves, after the save,
-    with what the save changed in the app's objects."""
-    never = {r["rank"]: r for r in obs["never_saves"]["ranks"]}
+def _save_changed(reference: Obs, never: dict[int, Obs], n: int) -> list[str]:
+    """Where the arm whose save is loaded parts from the arm that never saves (``never``, by
+    rank), after the save, with what the save changed in the app's objects."""
     reasons = []
-    for rank in obs["reference"]["ranks"]:
+    for rank in reference["ranks"]:
         other = never.get(rank["rank"])
         if other is None:
             continue  # already reported: the arms' ranks are not the planned ones
@@ -162,7 +161,7 @@ def _objects_after_load(arm: Obs, rank: Obs) -> str:
     saved, loaded = object_causes.walk(arm, "saved"), object_causes.walk(rank, "loaded")
     if saved is None or loaded is None:
         return ""
-    paths = object_causes.differing(saved, loaded, set())
+    paths = object_causes.differing(saved, loaded)
     if not paths:
         return ""
     text = "the app's objects that differ right after the load: " + object_causes.shown(
@@ -180,7 +179,7 @@ def _unseen_at_the_end(
     final, resumed = object_causes.walk(arm, "final"), object_causes.walk(rank, "final")
     if final is None or resumed is None:
         return []
-    paths = object_causes.at_the_end(final, resumed, set())
+    paths = object_causes.at_the_end(final, resumed)
     if not paths:
         return []
     cause, _ = diagnosis.outside_cause(scenario)
