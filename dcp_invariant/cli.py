@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
-from dcp_invariant import __version__, canonical, plan
+from dcp_invariant import __version__, canonical, plan, runtimes
 from dcp_invariant.evidence import schema
 
 if TYPE_CHECKING:
@@ -138,6 +138,23 @@ def _add_run(sub: Subparsers) -> None:
         type=float,
         default=None,
         help=f"seconds each group of worker processes may take (default {plan.DEFAULT_TIMEOUT:g})",
+    )
+    run.add_argument(
+        "--resume-with-torch",
+        action="append",
+        default=None,
+        metavar="RELEASE",
+        help="with --fixture: also resume each save with fresh ranks running this registered "
+        "torch release (upgrade_/downgrade_ scenarios), in an environment uv makes and caches; "
+        "repeatable",
+    )
+    run.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        # The variable's home is dcp_invariant/other_release.py, which verify must not import.
+        help="where --resume-with-torch keeps the other releases' environments (default "
+        "$DCP_INVARIANT_CACHE_DIR, else your user cache directory)",
     )
 
 
@@ -491,7 +508,12 @@ def _run(args: argparse.Namespace) -> int:
     try:
         with _interruptible():
             report = python_api.run_plan(
-                run_plan, args.output_dir, timeout=timeout, revision=revision, on_finish=progress
+                run_plan,
+                args.output_dir,
+                timeout=timeout,
+                revision=revision,
+                on_finish=progress,
+                cache_dir=args.cache_dir,
             )
     except Interrupted as exc:
         print("dcp-invariant: interrupted: nothing written", file=sys.stderr)
@@ -577,6 +599,7 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
                 ("--fixture-arg", args.fixture_arg),
                 ("--rank-local", args.rank_local),
                 ("--ignore-attr", args.ignore_attr),
+                ("--resume-with-torch", args.resume_with_torch),
             )
             if value is not None
         ]
@@ -599,7 +622,19 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
         _fixture_args(args.fixture_arg or []),
         args.rank_local or (),
         ignored_attrs=args.ignore_attr or (),
+        resume_with_torch=args.resume_with_torch or (),
+        torch_release=_installed_release() if args.resume_with_torch else "",
     )
+
+
+def _installed_release() -> str:
+    """The registered release of the installed torch, which ``--resume-with-torch`` names its
+    scenarios after; UnsupportedRuntime where there is none."""
+    from dcp_invariant.suite.runner import installed_torch
+
+    distribution = installed_torch()
+    runtimes.require(distribution)
+    return runtimes.release_of(distribution or "", sys.platform)
 
 
 def _fixture_args(given: list[str]) -> dict[str, Any]:

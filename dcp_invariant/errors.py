@@ -62,6 +62,11 @@ class UnsupportedRuntime(BadInput):
     """The installed torch is not one dcp-invariant has registered."""
 
 
+class ReleaseEnvError(EnvironmentProblem):
+    """The environment of another torch release (``--resume-with-torch``) cannot be made or
+    used: the message names the release and what to change."""
+
+
 class StartMethodError(BadInput, ValueError):
     """DCP_INVARIANT_START_METHOD names no usable start method."""
 

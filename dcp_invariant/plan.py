@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict, get_args
 
-from dcp_invariant import dcp_layout, fixture_inputs
+from dcp_invariant import dcp_layout, fixture_inputs, runtimes
 from dcp_invariant.errors import PlanError
 
 Family = Literal[
@@ -24,6 +24,7 @@ Family = Literal[
     "reshard",
     "async_resume",
     "half_written",
+    "cross_release",
 ]
 # How an async_resume scenario saves: dcp.async_save in thread mode, with the default
 # synchronous staging or with DefaultStager's background staging, or in process mode; or, for
@@ -141,8 +142,11 @@ FAILURE_REASONS: tuple[FailureReason, ...] = get_args(FailureReason)
 # (create_default_local_load_plan in torch/distributed/checkpoint/default_planner.py); DCP then
 # raises on every rank, naming each rank's own failure (CheckpointException in
 # torch/distributed/checkpoint/api.py). "another rank": this rank's own plan was fine. "app
-# load": an app that saves itself raised in its own load().
-LoadFailure = Literal["missing key", "size mismatch", "another rank", "error", "app load"]
+# load": an app that saves itself raised in its own load(). "unreadable metadata": this torch
+# cannot read the checkpoint's .metadata (another release wrote it).
+LoadFailure = Literal[
+    "missing key", "size mismatch", "another rank", "error", "app load", "unreadable metadata"
+]
 LOAD_FAILURES: tuple[LoadFailure, ...] = get_args(LoadFailure)
 
 DamageKind = Literal["remove", "flip"]
@@ -182,6 +186,9 @@ class Scenario:
     # rules name the cause by them (dcp_invariant/evidence/diagnosis.py).
     checkpointing: Checkpointing = "dcp"
     compares_state: bool = True
+    # A cross_release scenario: the release whose fresh ranks load the checkpoint the installed
+    # torch saved (``run --resume-with-torch``).
+    loading_release: str | None = None
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -283,6 +290,10 @@ class Plan:
     # Attributes of the app's objects (or global RNGs) the user declares irrelevant: left out of
     # what the ranks record of them (``--ignore-attr``; dcp_invariant/evidence/object_causes.py).
     ignored_attrs: tuple[str, ...] = ()
+    # ``--resume-with-torch``: the releases that load what the installed one (``torch_release``)
+    # saved, each in scenarios of its own (cross_release).
+    resume_with_torch: tuple[str, ...] = ()
+    torch_release: str = ""
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -365,6 +376,8 @@ class Plan:
             self.rank_local,
             shape,
             ignored_attrs=self.ignored_attrs,
+            resume_with_torch=self.resume_with_torch,
+            torch_release=self.torch_release,
         )
 
     @property
@@ -401,10 +414,16 @@ class Plan:
         own = {k: v for k, v in OWN_CHECKPOINTING.items() if getattr(self, k) == v}
         # Recorded only when given, as the app's checkpointing is.
         ignored = {"ignored_attrs": list(self.ignored_attrs)} if self.ignored_attrs else {}
+        releases = (
+            {"resume_with_torch": list(self.resume_with_torch), "torch_release": self.torch_release}
+            if self.resume_with_torch
+            else {}
+        )
         return {
             **launch,
             **own,
             **ignored,
+            **releases,
             "fixture": self.fixture,
             "fixture_args": self.arguments,
             "kind": self.kind,
@@ -594,6 +613,8 @@ def fixture_plan(
     shape: AppShape = DCP_SHAPE,
     *,
     ignored_attrs: Sequence[str] = (),
+    resume_with_torch: Sequence[str] = (),
+    torch_release: str = "",
 ) -> Plan:
     """The scenarios of a fixture run, derived from its parameters; PlanError outside the grammar.
 
@@ -619,6 +640,21 @@ def fixture_plan(
     arguments = fixture_inputs.fixture_args({} if fixture_args is None else fixture_args)
     local = fixture_inputs.rank_local(rank_local)
     ignored = fixture_inputs.ignored_attrs(ignored_attrs)
+    releases = _other_releases(resume_with_torch, torch_release)
+    across = [
+        Scenario(
+            cross_release_name(torch_release, b, w),
+            "cross_release",
+            w,
+            w,
+            f"saved at step {n} on {w} rank(s) by torch {torch_release}, loaded by fresh ranks "
+            f"running torch {b}: every key bit-identical, {k} steps as on {b}",
+            loading_release=b,
+        )
+        for b in releases
+        for w in sizes
+    ]
+    installed = torch_release if releases else ""
     scenarios = [
         Scenario(
             f"resume_{w}",
@@ -687,11 +723,13 @@ def fixture_plan(
             sizes,
             n,
             k,
-            _checkpointed_by_app(scenarios, shape),
+            _checkpointed_by_app([*scenarios, *across], shape),
             arguments,
             local,
             **_plan_fields(shape),
             ignored_attrs=ignored,
+            resume_with_torch=releases,
+            torch_release=installed,
         )
     scenarios += reshards
     scenarios += [
@@ -731,8 +769,54 @@ def fixture_plan(
     if 2 in sizes:
         scenarios.append(ELASTIC_SCENARIO)
     return Plan(
-        "fixture", fixture, sizes, n, k, tuple(scenarios), arguments, local, ignored_attrs=ignored
+        "fixture",
+        fixture,
+        sizes,
+        n,
+        k,
+        (*scenarios, *across),
+        arguments,
+        local,
+        ignored_attrs=ignored,
+        resume_with_torch=releases,
+        torch_release=installed,
     )
+
+
+def cross_release_name(saved_by: str, loaded_by: str, world_size: int) -> str:
+    """``upgrade_<A>_to_<B>_<w>``, or ``downgrade_...`` where B is the older release."""
+    way = (
+        "upgrade"
+        if runtimes.release_key(loaded_by) > runtimes.release_key(saved_by)
+        else "downgrade"
+    )
+    return f"{way}_{saved_by}_to_{loaded_by}_{world_size}"
+
+
+def _other_releases(given: Sequence[str], installed: str) -> tuple[str, ...]:
+    """``--resume-with-torch``'s releases, each registered and other than the installed one,
+    oldest first."""
+    if isinstance(given, str) or not all(isinstance(r, str) for r in given):
+        raise PlanError("--resume-with-torch: give releases as strings, e.g. 2.15.0")
+    registered = runtimes.releases()
+    if given and installed not in registered:
+        raise PlanError(
+            f"--resume-with-torch needs a registered installed torch, not {installed or 'none'}"
+        )
+    for release in given:
+        if release not in registered:
+            raise PlanError(
+                f"--resume-with-torch {fixture_inputs.shown_value(release, 40)}: not a registered "
+                f"release; give one of {', '.join(registered)}"
+            )
+        if release == installed:
+            raise PlanError(
+                f"--resume-with-torch {release}: that is the installed torch, whose resumes the "
+                "resume scenarios check; give another registered release"
+            )
+        if list(given).count(release) > 1:
+            raise PlanError(f"--resume-with-torch {release}: given twice; give each release once")
+    return tuple(sorted(given, key=runtimes.release_key))
 
 
 def _own_async(w: int, n: int, where: str = "") -> Scenario:
@@ -836,7 +920,10 @@ def plan_from_record(record: Any) -> Plan:
         local,
         shape,
         ignored_attrs=_recorded_ignored(record),
+        **_recorded_releases(record),
     )
+    if record.get("resume_with_torch", []) != list(derived.resume_with_torch):
+        raise PlanError("plan: resume_with_torch must be sorted oldest first")
     if record["scenarios"] != list(derived.names):
         raise PlanError(
             f"plan: scenarios {record['scenarios']!r} are not the ones its parameters give, "
@@ -855,8 +942,30 @@ OWN_CHECKPOINTING: dict[str, Any] = {
 }
 
 
+# A run with --resume-with-torch records both; any other, neither.
+_RELEASE_KEYS = ("resume_with_torch", "torch_release")
+
+
+def _recorded_releases(record: dict[str, Any]) -> dict[str, Any]:
+    present = [k for k in _RELEASE_KEYS if k in record]
+    if not present:
+        return {}
+    releases, installed = record.get("resume_with_torch"), record.get("torch_release")
+    if (
+        len(present) != len(_RELEASE_KEYS)
+        or not isinstance(releases, list)
+        or not releases
+        or not isinstance(installed, str)
+    ):
+        raise PlanError(
+            "plan: resume_with_torch (a non-empty list) and torch_release (a string) go together"
+        )
+    # fixture_plan() holds each release to the registry; the scenario list, to its order.
+    return {"resume_with_torch": tuple(releases), "torch_release": installed}
+
+
 # Keys a recorded plan has only when they say something.
-_OPTIONAL_KEYS = frozenset({*OWN_CHECKPOINTING, "ignored_attrs"})
+_OPTIONAL_KEYS = frozenset({*OWN_CHECKPOINTING, "ignored_attrs", *_RELEASE_KEYS})
 
 
 def _recorded_ignored(record: dict[str, Any]) -> tuple[str, ...]:

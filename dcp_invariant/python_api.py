@@ -136,8 +136,11 @@ def run_plan(
     timeout: float,
     revision: str,
     on_finish: Callable[[Finished], None] | None = None,
+    cache_dir: Path | None = None,
 ) -> Report:
-    """Run ``run``'s scenarios and write the artifact to ``output_dir``; the report it holds."""
+    """Run ``run``'s scenarios and write the artifact to ``output_dir``; the report it holds.
+
+    ``cache_dir``: where the environments of ``run.resume_with_torch`` live."""
     from dcp_invariant.evidence import provenance
     from dcp_invariant.evidence.diagnosis import TIMEOUT
     from dcp_invariant.suite import output_dir as reserve
@@ -152,7 +155,11 @@ def run_plan(
             try:
                 try:
                     suite = runner.run_suite(
-                        run_plan=run, timeout=timeout, on_finish=on_finish, guardian=guardian
+                        run_plan=run,
+                        timeout=timeout,
+                        on_finish=on_finish,
+                        guardian=guardian,
+                        cache_dir=cache_dir,
                     )
                 except runner.FixtureTimeout as exc:
                     timed_out = Diagnosis(TIMEOUT, (), (str(exc),))

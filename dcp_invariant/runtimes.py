@@ -81,6 +81,14 @@ def find(distribution: str, torch_version: str, platform: str | None = None) -> 
     return None
 
 
+def release_of(distribution: str, platform: str) -> str:
+    """The release of a registered distribution on ``platform`` ("" when none is)."""
+    for runtime in RUNTIMES:
+        if runtime.distribution == distribution and platform in runtime.platforms:
+            return runtime.release
+    return ""
+
+
 def registered_pairs(platform: str | None = None) -> str:
     return ", ".join(
         f"{r.distribution}/{r.torch}"

@@ -669,7 +669,7 @@ def test_what_comparing_scenarios_adds_is_printed_before_the_verdict(
     kept = read_provenance(DATA_ARTIFACT)
 
     def fake_run_suite(
-        *, run_plan: plan.Plan, timeout: float, on_finish: Any, guardian: Any
+        *, run_plan: plan.Plan, timeout: float, on_finish: Any, guardian: Any, cache_dir: Any
     ) -> Any:
         for name in run_plan.names:
             reasons = rules.derive(name, observations[name], run_plan=run_plan)

@@ -17,7 +17,7 @@ def test_driver_shape_and_rule_registries_cover_exactly_the_planned_families() -
     families = set(plan.FAMILIES)
     assert set(DRIVERS) == families
     assert set(FAMILIES) == families
-    dcp = plan.fixture_plan("m:f", (1, 2))
+    dcp = plan.fixture_plan("m:f", (1, 2), resume_with_torch=["2.15.0"], torch_release="2.13.0")
     own = dcp.checkpointed_by(plan.own_shape())
     fixture_families = {s.family for p in (dcp, own) for s in p.scenarios}
     assert {s.family for s in plan.SCENARIOS} | fixture_families == families

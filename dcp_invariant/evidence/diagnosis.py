@@ -52,6 +52,10 @@ TIMEOUT = "timeout"
 # saved values that no target rank asked for (torchtitan issue #811).
 DOES_NOT_RESHARD = "does not reshard"
 NOT_LOADED = "saved state not loaded"
+# A cross-release scenario's own causes (``run --resume-with-torch``): the other release's load
+# refused the checkpoint, or it loaded and a key's value changed on the way.
+DOES_NOT_LOAD_ON_OTHER = "does not load on the other torch release"
+CHANGED_ACROSS_RELEASES = "changed between torch releases"
 SUSPECTS = (
     "check what steers the next step and is not saved: generators and the global RNG, the "
     "data position and shuffle order, the LR scheduler, step and accumulation counters"
@@ -291,8 +295,10 @@ CHANGED_DURING_SAVE = "changed during the save"
 # The causes in the order a report ranks them (docs/diagnoses.md lists them so): a state that
 # did not round-trip explains every later difference, so it comes first.
 RANKED_CAUSES = (
+    DOES_NOT_LOAD_ON_OTHER,
     ROUND_TRIP,
     APP_ROUND_TRIP,
+    CHANGED_ACROSS_RELEASES,
     UNSEALABLE,
     LOADS_CUT_SHORT,
     RESTORED_LATE,

@@ -64,7 +64,15 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
 # Recorded only for an app that saves itself (plan.Plan.to_record), so that a DCP run's
 # provenance reads as before.
 _OWN_CHECKPOINTING = {key: checks.one_of(value) for key, value in plan.OWN_CHECKPOINTING.items()}
-_PLAN = checks.record_omitting(_OWN_CHECKPOINTING, **_PLAN_FIELDS)
+# Recorded only when given: --ignore-attr's paths, and --resume-with-torch's releases with the
+# installed one they resume what it saved.
+_OMISSIBLE = {
+    **_OWN_CHECKPOINTING,
+    "ignored_attrs": checks.list_of(checks.string, 256),
+    "resume_with_torch": checks.list_of(checks.string, 16),
+    "torch_release": checks.string,
+}
+_PLAN = checks.record_omitting(_OMISSIBLE, **_PLAN_FIELDS)
 FIXTURE_SHAPE = checks.record(
     **_FIELDS,
     plan=_PLAN,
@@ -74,7 +82,7 @@ FIXTURE_SHAPE = checks.record(
 IN_JOB_SHAPE = checks.record(
     **_FIELDS,
     plan=checks.record_omitting(
-        _OWN_CHECKPOINTING,
+        {k: v for k, v in _OMISSIBLE.items() if k not in ("resume_with_torch", "torch_release")},
         **_PLAN_FIELDS,
         launch=checks.record(
             backend=checks.one_of(*plan.BACKENDS),

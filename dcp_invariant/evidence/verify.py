@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp_invariant import canonical, errors, plan, regular_file
+from dcp_invariant import canonical, errors, plan, regular_file, runtimes
 from dcp_invariant.evidence import artifact, manifest, observation, provenance, rules, schema
 
-# Eight world sizes give the largest plan: 8 resumes, 56 reshards and the torchrun restart.
+# Eight world sizes give the largest plan: 8 resumes, 56 reshards and the torchrun restart, and
+# 8 cross-release scenarios for each other release (upgrade_2.13.0_to_2.15.0_1: dots too).
 _LAYOUT = re.compile(
-    r"provenance\.json|summary\.json|junit\.xml|manifest\.sha256|(observations|results)/[a-z0-9_]{1,64}\.json"
+    r"provenance\.json|summary\.json|junit\.xml|manifest\.sha256|(observations|results)/[a-z0-9_.]{1,64}\.json"
 )
-_MAX_ENTRIES = 4 * len(schema.artifact_files(["x"] * (8 + 56 + 1)))
+_MAX_ENTRIES = 4 * len(schema.artifact_files(["x"] * (8 + 56 + 1 + 8 * len(runtimes.releases()))))
 
 
 @dataclass

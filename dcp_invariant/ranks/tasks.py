@@ -190,6 +190,16 @@ def load_through_pointer(
 # torch/distributed/checkpoint/default_planner.py).
 _MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (.+?)\.?$")
 _SIZE_MISMATCH = re.compile(r"Size mismatch between saved .* and current: .* for (.+)$")
+# A checkpoint whose .metadata this torch cannot read: the load names the read's own failure
+# ("metadata is None; global metadata read failed: ...", _load_state_dict in
+# torch/distributed/checkpoint/state_dict_loader.py), unless this release raises it bare. A file
+# another release wrote gives "too many values to unpack": TensorProperties.__setstate__ in
+# torch/distributed/checkpoint/metadata.py unpacks the fields its own release pickles.
+_UNREADABLE_METADATA = re.compile(
+    r"^(metadata is None(?:; global metadata read failed: .*?)?)(?:; rank local metadata read failed.*)?$"
+    r"|^(too many values to unpack.*|not enough values to unpack.*)$",
+    re.DOTALL,
+)
 
 
 def load_failure(exc: CheckpointException, rank: int) -> dict[str, Any]:
@@ -206,6 +216,12 @@ def load_failure(exc: CheckpointException, rank: int) -> dict[str, Any]:
         match = pattern.search(message)
         if match:
             return {"kind": kind, "key": match.group(1), "exception": None}
+    unreadable = _UNREADABLE_METADATA.match(message)
+    if unreadable:
+        # torch's own words, kept where they name no file (the rank-local read's may: dropped).
+        said = " ".join((unreadable.group(1) or unreadable.group(2)).split())[:300]
+        shown = f"{type(error).__name__}: {said}" if not re.search(r"[/\\]", said) else None
+        return {"kind": "unreadable metadata", "key": None, "exception": shown}
     return {"kind": "error", "key": None, "exception": type(error).__name__}
 
 

@@ -12,6 +12,7 @@ take exactly one job each.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
@@ -356,8 +357,97 @@ class _Standbys:
             self._standby.append(_Standby(proc, job_writer, ready_reader))
 
 
+class _FreshProcess:
+    """A rank started as ``python -m dcp_invariant.suite.fresh_interpreter``, with the members
+    :func:`_wait` and :meth:`WorkerPool.run_group` read of a ``multiprocessing.Process``."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        # The sentinel, as multiprocessing's own on POSIX (multiprocessing/popen_fork.py): a
+        # pipe whose write end only the child holds, readable once it has ended.
+        read_end, write_end = (-1, -1) if sys.platform == "win32" else os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                pass_fds=() if write_end < 0 else (write_end,),
+            )
+        finally:
+            if write_end >= 0:
+                os.close(write_end)
+        self.pid = self._proc.pid
+        self._read_end = read_end
+        # Windows: the process handle is waitable itself (multiprocessing.connection.wait).
+        self.sentinel: int = read_end if read_end >= 0 else int(self._proc._handle)  # type: ignore[attr-defined]
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.poll()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout)
+
+    def close(self) -> None:
+        if self._read_end >= 0:
+            os.close(self._read_end)
+            self._read_end = -1
+
+
+class _Interpreters:
+    """Another environment's interpreter (another torch release's): each rank a fresh process of
+    it, importing that environment's torch; nothing is started ahead."""
+
+    def __init__(self, python: Path, search_path: list[str]) -> None:
+        self._python = python
+        self._search_path = search_path
+        self._home: Path | None = None
+
+    def start(self, workdir: Path) -> None:
+        self._home = workdir
+
+    def launch(self, jobs: list[worker.Job]) -> list[Any]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env["PYTHONPATH"] = os.pathsep.join(self._search_path)
+        env[worker.PARENT_PID_ENV] = str(os.getpid())
+        if sys.platform != "win32":  # Windows' multiprocessing makes no AF_UNIX sockets
+            env[worker.MULTIPROCESSING_TEMP_ENV] = multiprocessing.util.get_temp_dir()
+        procs = []
+        with worker.interrupts_held():
+            for job in jobs:
+                fields = {**job.__dict__, "payload": dict(job.payload)}
+                command = [str(self._python), "-m", "dcp_invariant.suite.fresh_interpreter"]
+                procs.append(_FreshProcess([*command, json.dumps(fields)], env))
+        return procs
+
+    def imported_versions(self) -> None:
+        return None
+
+    def wind_down(self) -> None:
+        pass
+
+    def stop_idle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class WorkerPool:
-    def __init__(self, timeout: float, method: str | None = None) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        method: str | None = None,
+        *,
+        python: Path | None = None,
+        search_path: list[str] | None = None,
+    ) -> None:
+        """``python``: run every rank in that interpreter instead (another environment's), with
+        ``search_path`` as its PYTHONPATH."""
         self.timeout = timeout
         self.cancelled = False
         self._lock = threading.Lock()
@@ -365,7 +455,9 @@ class WorkerPool:
         self.method = method or start_method()
         ctx = multiprocessing.get_context(self.method)
         self._launcher: _Launcher = (
-            _ForkServer(ctx)
+            _Interpreters(python, search_path or [])
+            if python is not None
+            else _ForkServer(ctx)
             if self.method == "forkserver"
             else _Standbys(ctx, self._lock, timeout, self._refuse_if_cancelled)
         )

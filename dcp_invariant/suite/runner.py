@@ -13,6 +13,7 @@ import importlib.metadata
 import multiprocessing.util
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -22,15 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp_invariant import plan, runtimes
+from dcp_invariant import other_release, plan, runtimes
 from dcp_invariant.errors import BadInput, EnvironmentProblem, Error, FixtureProblem
 from dcp_invariant.evidence import rules
-from dcp_invariant.suite import reaper
+from dcp_invariant.suite import reaper, release_env
 from dcp_invariant.suite.console import Log
 from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool, caller_main_hidden
 from dcp_invariant.suite.scenarios import DRIVERS, payloads
 from dcp_invariant.suite.scenarios.common import SNAPSHOTS, STORE_ROOT, ScenarioContext
-from dcp_invariant.suite.scenarios.host import PoolHost
+from dcp_invariant.suite.scenarios.host import PoolHost, ReleaseHost
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 from dcp_invariant.suite.workspace import Workspace
 
@@ -83,6 +84,14 @@ class WorkerStartError(BadInput, RuntimeError):
         super().__init__(f"a worker {what}{codes}; {fix}")
 
 
+def _cache(given: Path | None) -> Path:
+    return Path(
+        other_release.cache_dir(
+            None if given is None else str(given), os.environ, sys.platform, Path.home()
+        )
+    )
+
+
 def installed_torch() -> str | None:
     try:
         return importlib.metadata.version("torch")
@@ -98,17 +107,27 @@ def run_suite(
     timeout: float = plan.DEFAULT_TIMEOUT,
     on_finish: Callable[[Finished], None] | None = None,
     guardian: reaper.Guardian | None = None,
+    cache_dir: Path | None = None,
 ) -> SuiteRun:
     """Run the plan's scenarios (or ``names`` of them) and return their observations.
 
     ``fixture`` replaces the plan's fixture (the live tests run registered scenarios on broken
     variants). ``guardian``: the caller's, which outlives the suite (it guards the output
     directory until the artifact is written); without it, the suite starts and ends its own.
-    Raises UnsupportedRuntime, WorkerStartError or FixtureProblem before any scenario.
+    ``cache_dir``: where the environments of the plan's other torch releases are (made and)
+    found (:mod:`.release_env`).
+
+    Raises UnsupportedRuntime, WorkerStartError, FixtureProblem or ReleaseEnvError before any
+    scenario.
     """
     distribution = installed_torch()
     runtimes.require(distribution)
     assert distribution is not None
+    # Before anything runs: a release that cannot be installed is one line and exit 2.
+    other_envs = [
+        release_env.ensure(release_env.recipe_for(r, distribution), _cache(cache_dir))
+        for r in run_plan.resume_with_torch
+    ]
     fixture = run_plan.fixture if fixture is None else fixture
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
@@ -117,8 +136,15 @@ def run_suite(
     with caller_main_hidden(), guarding as guardian, space as workspace:
         guardian.remove_if_killed(workspace)
         pool = WorkerPool(timeout)
+        search_path = release_env.worker_search_path()
+        other_pools = {
+            env.release: WorkerPool(timeout, python=env.python, search_path=search_path)
+            for env in other_envs
+        }
         try:
             pool.start(workspace / "server")
+            for release, other in other_pools.items():
+                other.start(workspace / f"server-{release}")
             guardian.remove_if_killed(Path(multiprocessing.util.get_temp_dir()))
             if space.socket_holder is not None:
                 guardian.remove_if_killed(space.socket_holder)
@@ -140,6 +166,12 @@ def run_suite(
                 ),
             )
             host = PoolHost(pool, SharedGroups(workspace / "shared", (STORE_ROOT, SNAPSHOTS)))
+            releases = {
+                env.release: ReleaseHost(
+                    PoolHost(other_pools[env.release]), versions["torch"], env.torch
+                )
+                for env in other_envs
+            }
 
             begun: list[str] = []
 
@@ -152,7 +184,7 @@ def run_suite(
                 scenario = run_plan.scenario(name)
                 workdir = workspace / name
                 workdir.mkdir()
-                ctx = ScenarioContext(scenario, host, workdir, fixture, run_plan)
+                ctx = ScenarioContext(scenario, host, workdir, fixture, run_plan, releases=releases)
                 obs = DRIVERS[scenario.family](ctx)
                 if pool.cancelled:
                     raise Cancelled("the run is being interrupted")  # its outcome means nothing
@@ -183,11 +215,13 @@ def run_suite(
                     _results([executor.submit(one, name) for name in order])
                 except BaseException:
                     # An interrupt, or one scenario's bug: stop the others now, not after them.
-                    pool.cancel()
+                    for each in (pool, *other_pools.values()):
+                        each.cancel()
                     executor.shutdown(wait=True, cancel_futures=True)
                     raise
         except BaseException:
-            pool.cancel()
+            for each in (pool, *other_pools.values()):
+                each.cancel()
             raise
         finally:
             # Before the workspace goes and the fork server's resource tracker is stopped (which
@@ -199,7 +233,8 @@ def run_suite(
                 guardian.sweep()  # a signal cut the sweep short; the next one is ignored
                 raise
             finally:
-                pool.close()
+                for each in (pool, *other_pools.values()):
+                    each.close()
     return SuiteRun(
         run_plan=run_plan,
         observations={n: observations[n] for n in names},

@@ -16,6 +16,7 @@ from dcp_invariant import plan
 from dcp_invariant.evidence.checks import Check
 from dcp_invariant.evidence.families import (
     async_resume_evidence,
+    cross_release_evidence,
     damaged_evidence,
     dtensor_evidence,
     elastic_evidence,
@@ -61,5 +62,6 @@ FAMILIES: Final[Mapping[plan.Family, Family]] = MappingProxyType(
         "reshard": reshard_evidence,
         "async_resume": async_resume_evidence,
         "half_written": half_written_evidence,
+        "cross_release": cross_release_evidence,
     }
 )

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dcp_invariant.suite.scenarios import (
+    cross_release,
     damaged,
     dtensor,
     elastic,
@@ -29,4 +30,5 @@ DRIVERS: dict[str, Driver] = {
     "reshard": reshard.run,
     "async_resume": resume.run,
     "half_written": half_written.run,
+    "cross_release": cross_release.run,
 }

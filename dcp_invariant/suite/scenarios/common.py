@@ -25,7 +25,7 @@ from dcp_invariant.evidence.families.records import (
 )
 from dcp_invariant.suite.pool import GroupOutcome
 from dcp_invariant.suite.scenarios.commits import Interner, pointer_label
-from dcp_invariant.suite.scenarios.host import Damage, Host
+from dcp_invariant.suite.scenarios.host import Damage, Host, ReleaseHost
 from dcp_invariant.suite.scenarios.payloads import (
     LOADS,
     TRAIN_AND_SAVE,
@@ -63,6 +63,8 @@ class ScenarioContext:
     stragglers: dict[str, set[str]] = field(default_factory=dict)
     # Errors the host found that no driver sees (a rank of a job that read another pointer).
     host_errors: list[str] = field(default_factory=list)
+    # Hosts whose ranks run another torch release, by release (``run --resume-with-torch``).
+    releases: dict[str, ReleaseHost] = field(default_factory=dict)
 
     @property
     def store(self) -> CheckpointStore:
@@ -79,8 +81,14 @@ class ScenarioContext:
         ``shareable``: another scenario's identical group may have run it already; this one
         then gets that group's outcome and a copy of its store (:mod:`.shared_groups`).
         """
+        return self.group_on(self.host, name, call, world_size, shareable=shareable)
+
+    def group_on(
+        self, host: Host, name: str, call: Call, world_size: int, *, shareable: bool = False
+    ) -> GroupOutcome:
+        """:meth:`group` on another host: another torch release's (:class:`.host.ReleaseHost`)."""
         self.tasks_run.append(call.task)
-        outcome = self.host.group(name, call, world_size, self.workdir, shareable=shareable)
+        outcome = host.group(name, call, world_size, self.workdir, shareable=shareable)
         self.outcomes.append((name, outcome))
         self.left_running(name, outcome.stragglers)
         return outcome

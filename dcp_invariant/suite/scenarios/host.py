@@ -105,3 +105,14 @@ class PoolHost:
 
     def written(self, workdir: Path, name: str) -> str:
         return name  # every task works in the scenario's workspace
+
+
+@dataclass(frozen=True)
+class ReleaseHost:
+    """Where a cross_release scenario's loading groups run: ``host``, whose ranks import
+    another torch release (:mod:`dcp_invariant.suite.release_env`); what each side reports as
+    ``torch.__version__``, for the record."""
+
+    host: Host
+    saved_torch: str
+    loaded_torch: str

@@ -18,6 +18,7 @@ from typing import Any
 from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite.pool import GroupOutcome
 from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, STORE_ROOT, ScenarioContext
+from dcp_invariant.suite.scenarios.host import Host
 from dcp_invariant.suite.scenarios.payloads import (
     FIXTURE_RESUME,
     FIXTURE_TRAIN,
@@ -48,8 +49,15 @@ def left_out(ctx: ScenarioContext) -> list[str]:
     return list(ctx.run_plan.rank_local) if sc.source_world_size != sc.target_world_size else []
 
 
-def resume_group(ctx: ScenarioContext, *, compare_steps: bool) -> GroupRecord:
-    """Fresh ranks at the target world size load through the pointer and take K steps."""
+def resume_group(
+    ctx: ScenarioContext,
+    *,
+    compare_steps: bool,
+    host: Host | None = None,
+    name: str = "target",
+) -> GroupRecord:
+    """Fresh ranks at the target world size load through the pointer and take K steps (on
+    ``host``: another torch release's; else the scenario's)."""
     sc = ctx.scenario
     payload: FixtureResume = {
         "shape": ctx.run_plan.shape,
@@ -63,7 +71,7 @@ def resume_group(ctx: ScenarioContext, *, compare_steps: bool) -> GroupRecord:
         "steps_after": ctx.run_plan.steps_after,
         "store": ctx.written(STORE_ROOT),
     }
-    target = ctx.group("target", FIXTURE_RESUME(payload), sc.target_world_size)
+    target = ctx.group_on(host or ctx.host, name, FIXTURE_RESUME(payload), sc.target_world_size)
     return ctx.target_record(target)
 
 
@@ -71,13 +79,13 @@ def reference_arm(ctx: ScenarioContext, payload: FixtureTrain) -> GroupOutcome:
     """The arm whose save a scenario seals and loads, run as ``reference``.
 
     A synchronous one (``payload`` without an async mode) is the same in ``resume_<a>``, every
-    ``reshard_<a>_to_<b>`` and ``half_written_<a>``: where more than one of them is planned
-    the pool runs it once (:mod:`.shared_groups`), and each scenario gets a copy of its store
+    ``reshard_<a>_to_<b>``, ``half_written_<a>`` and every cross-release scenario at a: where
+    more than one of them is planned the pool runs it once (:mod:`.shared_groups`), and each scenario gets a copy of its store
     and of its snapshots.
     """
     a = ctx.scenario.source_world_size
     shared = "async_mode" not in payload and any(
-        s.family in ("reshard", "half_written") and s.source_world_size == a
+        s.family in ("reshard", "half_written", "cross_release") and s.source_world_size == a
         for s in ctx.run_plan.scenarios
     )
     return ctx.group("reference", FIXTURE_TRAIN(payload), a, shareable=shared)

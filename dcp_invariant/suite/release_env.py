@@ -1,0 +1,276 @@
+"""Make, or reuse, the environment another torch release resumes in (:mod:`dcp_invariant.other_release`).
+
+Once per release, build and Python: uv creates it under the cache directory, installs torch and
+NumPy, this package is copied in, and the interpreter is asked which torch it imports, which must
+be a registered runtime of the requested release. The marker is written last, so a build that
+was killed is found incomplete and made again; a lock beside the environment keeps two runs from
+building it at once. Any failure is one line and exit 2 (:class:`ReleaseEnvError`), before a
+scenario runs, and leaves no half-made environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import site
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import dcp_invariant
+from dcp_invariant import canonical, other_release, runtimes
+from dcp_invariant.commit.errors import StoreError
+from dcp_invariant.commit.lock import exclusive
+from dcp_invariant.errors import ReleaseEnvError
+
+INSTALL_TIMEOUT = 1800.0  # PyPI's CUDA build of torch is several GB with its nvidia-* packages
+PROBE_TIMEOUT = 300.0
+PACKAGE = "dcp_invariant"
+# What the environment's interpreter reports, as one JSON line.
+_PROBE = (
+    "import importlib.metadata as m, json, torch, numpy; "
+    "print(json.dumps({'distribution': m.version('torch'), 'torch': torch.__version__, "
+    "'numpy': numpy.__version__}))"
+)
+
+
+@dataclass(frozen=True)
+class ReleaseEnv:
+    """A complete environment: its interpreter and the torch it imports."""
+
+    release: str
+    python: Path
+    distribution: str  # importlib.metadata.version("torch") there
+    torch: str  # torch.__version__ there
+
+
+def find_uv(environ: dict[str, str] | None = None) -> str:
+    """uv: the one running us (``uv run`` sets ``UV``), else on PATH, else the ``uv`` package's."""
+    env = os.environ if environ is None else environ
+    given = env.get("UV")
+    if given and os.path.isfile(given):
+        return given
+    found = shutil.which("uv", path=env.get("PATH"))
+    if found:
+        return found
+    if importlib.util.find_spec("uv") is not None:
+        import uv  # type: ignore[import-not-found, unused-ignore]
+
+        return str(uv.find_uv_bin())
+    raise ReleaseEnvError(
+        "--resume-with-torch: uv makes the other release's environment and is not installed: "
+        "install it (python -m pip install uv), or drop --resume-with-torch"
+    )
+
+
+def recipe_for(
+    release: str, distribution: str, environ: dict[str, str] | None = None
+) -> other_release.Recipe:
+    """The environment for ``release`` beside this runner (its torch ``distribution``)."""
+    env = os.environ if environ is None else environ
+    return other_release.Recipe(
+        release=release,
+        build=other_release.build_of(distribution),
+        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        numpy=importlib.metadata.version("numpy"),
+        platform=sys.platform,
+        machine=platform.machine().lower(),
+        index=env.get(other_release.TORCH_INDEX_ENV) or None,
+    )
+
+
+def package_digest(root: Path) -> str:
+    """SHA-256 over this package's files (names and bytes): a changed package is copied again."""
+    h = hashlib.sha256()
+    for name in _package_files(root):
+        h.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def ensure(
+    recipe: other_release.Recipe, cache: Path, timeout: float = INSTALL_TIMEOUT
+) -> ReleaseEnv:
+    """The complete environment of ``recipe`` under ``cache``: reused, or made now."""
+    envs = cache / "torch"
+    try:
+        envs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReleaseEnvError(
+            f"the cache directory {cache}: {exc.strerror or exc}: pass --cache-dir DIR (or set "
+            f"{other_release.CACHE_ENV}) to a directory you can write"
+        ) from exc
+    env_dir = envs / recipe.name
+    package = Path(dcp_invariant.__file__).resolve().parent
+    digest = package_digest(package)
+    try:
+        with exclusive(envs / f"{recipe.name}.lock", timeout):
+            marker = _read_marker(env_dir)
+            if marker is None:
+                _make(recipe, env_dir, timeout)
+            made = _probe(recipe, env_dir) if marker is None else marker
+            if made.get("package") != digest:
+                _copy_package(package, env_dir)
+            made["package"] = digest
+            (env_dir / other_release.MARKER).write_bytes(canonical.dumps(made))
+    except StoreError as exc:  # the lock file itself cannot be used
+        raise ReleaseEnvError(f"the cache directory {cache}: {exc}") from exc
+    python = Path(other_release.env_python(env_dir, sys.platform))
+    return ReleaseEnv(recipe.release, python, str(made["distribution"]), str(made["torch"]))
+
+
+def _read_marker(env_dir: Path) -> dict[str, object] | None:
+    try:
+        made = json.loads((env_dir / other_release.MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # absent, or cut short: the environment is made again
+    python = Path(other_release.env_python(env_dir, sys.platform))
+    return made if isinstance(made, dict) and python.exists() else None
+
+
+def _make(recipe: other_release.Recipe, env_dir: Path, timeout: float) -> None:
+    """uv venv, then uv pip install; what a failure left is removed."""
+    uv = find_uv()
+    if env_dir.exists():
+        shutil.rmtree(env_dir)  # a build that was killed, or a marker that no longer reads
+    python = str(other_release.env_python(env_dir, sys.platform))
+    steps = [
+        recipe.venv_command(uv, sys.executable, str(env_dir)),
+        *recipe.install_commands(uv, python),
+    ]
+    try:
+        for command in steps:
+            _run(command, recipe, timeout)
+    except BaseException:
+        shutil.rmtree(env_dir, ignore_errors=True)
+        raise
+
+
+def _run(command: list[str], recipe: other_release.Recipe, timeout: float) -> None:
+    # No VIRTUAL_ENV of the runner's: uv would take it for the environment meant.
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise ReleaseEnvError(
+            f"--resume-with-torch {recipe.release}: uv did not finish installing torch "
+            f"{recipe.release} within {timeout:.0f} s: check the network, then run again"
+        ) from None
+    except OSError as exc:
+        raise ReleaseEnvError(
+            f"--resume-with-torch {recipe.release}: uv cannot run: {exc}"
+        ) from exc
+    if done.returncode != 0:
+        source = (
+            f"{other_release.TORCH_INDEX_ENV}={recipe.index}"
+            if recipe.index
+            else "PyTorch's CPU index"
+            if recipe.build == "cpu-index"
+            else "PyPI"
+        )
+        raise ReleaseEnvError(
+            f"--resume-with-torch {recipe.release}: uv could not install torch=={recipe.release} "
+            f"from {source}: {other_release.uv_error(done.stderr)}; check the network, or set "
+            f"{other_release.TORCH_INDEX_ENV} to an index that serves it"
+        )
+
+
+def _probe(recipe: other_release.Recipe, env_dir: Path) -> dict[str, object]:
+    """Which torch the environment imports: a registered runtime of the requested release."""
+    python = str(other_release.env_python(env_dir, sys.platform))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            env=env,
+            check=False,
+        )
+        reported = (
+            json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+        )
+    except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
+        reported = None
+    if not isinstance(reported, dict):
+        shutil.rmtree(env_dir, ignore_errors=True)
+        raise ReleaseEnvError(
+            f"--resume-with-torch {recipe.release}: the environment uv made cannot import torch; "
+            "run again to make it afresh"
+        )
+    runtime = runtimes.find(str(reported["distribution"]), str(reported["torch"]), sys.platform)
+    if runtime is None or runtime.release != recipe.release:
+        shutil.rmtree(env_dir, ignore_errors=True)
+        raise ReleaseEnvError(
+            f"--resume-with-torch {recipe.release}: uv installed torch "
+            f"{reported['distribution']}/{reported['torch']}, not a registered build of "
+            f"{recipe.release}: check what {other_release.TORCH_INDEX_ENV} or uv's own index "
+            "settings serve"
+        )
+    return {
+        "build": recipe.build,
+        "distribution": reported["distribution"],
+        "numpy": reported["numpy"],
+        "release": recipe.release,
+        "torch": reported["torch"],
+    }
+
+
+def _copy_package(package: Path, env_dir: Path) -> None:
+    """This package, as the runner imports it, into the environment's site-packages."""
+    target = _purelib(env_dir) / PACKAGE
+    if target.exists():
+        shutil.rmtree(target)
+    for name in _package_files(package):
+        destination = target / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(package / name, destination)
+
+
+def _purelib(env_dir: Path) -> Path:
+    if sys.platform == "win32":
+        return env_dir / "Lib" / "site-packages"
+    return (
+        env_dir
+        / "lib"
+        / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        / "site-packages"
+    )
+
+
+def _package_files(root: Path) -> list[str]:
+    """The package's files, relative and sorted: its code and the data it reads, no caches."""
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file()
+        and p.suffix in other_release.PACKAGE_SUFFIXES
+        and "__pycache__" not in p.parts
+    )
+
+
+def worker_search_path() -> list[str]:
+    """The runner's import path as the other release's workers get it: where the fixture was
+    found, without a directory of the runner's own installation (its torch would shadow the
+    environment's): the standard library and site-packages are the environment's own."""
+    excluded = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages()}
+    excluded.add(site.getusersitepackages())
+    roots = [os.path.realpath(p).rstrip(os.sep) + os.sep for p in excluded if p]
+    kept: list[str] = []
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        resolved = os.path.realpath(entry)
+        if any((resolved + os.sep).startswith(root) for root in roots):
+            continue
+        if resolved not in kept:
+            kept.append(resolved)
+    return kept

@@ -1,0 +1,131 @@
+"""The cross_release rules on a real run's observation (tests/data/cross-release: the example
+fixture saved by 2.13.0+cpu at world size 1, loaded by 2.14.1+cu130): a load the other release
+refuses is named with DCP's words and, for 2.15's metadata, what changed; a key that changed
+between releases fails; the two resumes on the other release must agree; the record must name
+the releases its scenario does."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from dcp_invariant import canonical, plan
+from dcp_invariant.evidence import diagnosis, observation, rules
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "cross-release"
+NAME = "upgrade_2.13.0_to_2.14.1_1"
+RUN_PLAN = plan.fixture_plan(
+    "examples.mlp_fixture:fixture", (1, 2), resume_with_torch=["2.14.1"], torch_release="2.13.0"
+)
+FIVE = "AssertionError: metadata is None; global metadata read failed: too many values to unpack (expected 5)"
+
+
+def real() -> dict[str, Any]:
+    return copy.deepcopy(canonical.loads((DATA / f"{NAME}.json").read_bytes()))
+
+
+def derive(obs: dict[str, Any], name: str = NAME, run_plan: plan.Plan = RUN_PLAN) -> list[str]:
+    assert observation.validate(name, obs, run_plan=run_plan) == [], "the edit broke the shape"
+    return rules.derive(name, obs, run_plan=run_plan)
+
+
+def as_downgrade(obs: dict[str, Any]) -> tuple[dict[str, Any], str, plan.Plan]:
+    """The same record, as 2.15.0 saving and 2.13.0 loading."""
+    the_plan = plan.fixture_plan(
+        "examples.mlp_fixture:fixture", (1, 2), resume_with_torch=["2.13.0"], torch_release="2.15.0"
+    )
+    obs["scenario"] = name = "downgrade_2.15.0_to_2.13.0_1"
+    obs["torch"] = {"saved": "2.15.0+cu132", "loaded": "2.13.0+cpu"}
+    return obs, name, the_plan
+
+
+def refused(obs: dict[str, Any], error: dict[str, Any]) -> None:
+    for group in ("target", "continued"):
+        for rank in obs[group]["ranks"]:
+            rank.update(loaded=None, steps=[], diffs=[], load_error=error)
+        obs[group]["exit_codes"] = [0]
+
+
+def test_the_real_upgrade_passes() -> None:
+    assert derive(real()) == []
+
+
+def test_a_downgrade_that_cannot_read_the_metadata_names_the_strides_field() -> None:
+    obs, name, the_plan = as_downgrade(real())
+    refused(obs, {"kind": "unreadable metadata", "key": None, "exception": FIVE})
+    reasons = derive(obs, name, the_plan)
+    assert len(reasons) == 1
+    reason = reasons[0]
+    assert reason.startswith(f"{diagnosis.DOES_NOT_LOAD_ON_OTHER}: torch 2.13.0+cpu cannot load")
+    assert "(downgrade)" in reason and FIVE in reason
+    assert "sixth field (strides)" in reason and "pytorch/pytorch#175011" in reason
+
+
+def test_an_upgrade_that_cannot_load_names_dcps_error_only() -> None:
+    """The strides note is for a file 2.15 or later wrote and an older release read: not here."""
+    obs = real()
+    refused(obs, {"kind": "unreadable metadata", "key": None, "exception": FIVE})
+    (reason,) = derive(obs)
+    assert "(upgrade)" in reason and FIVE in reason
+    assert "strides" not in reason
+
+
+def test_a_key_missing_on_the_other_release_is_named() -> None:
+    obs = real()
+    refused(obs, {"kind": "missing key", "key": "app.optim.state.0.step", "exception": None})
+    (reason,) = derive(obs)
+    assert "has no app.optim.state.0.step" in reason
+
+
+def test_a_key_that_changed_between_releases_fails_first() -> None:
+    obs = real()
+    rank = obs["target"]["ranks"][0]
+    key = sorted(rank["loaded"])[1]
+    rank["loaded"][key] = "float32[16] " + "0" * 64
+    reasons = derive(obs)
+    assert reasons and all(r.startswith(diagnosis.CHANGED_ACROSS_RELEASES) for r in reasons)
+    assert key in reasons[0] and "saved by torch 2.13.0+cpu, loaded by 2.14.1+cu130" in reasons[0]
+
+
+def test_two_resumes_on_the_other_release_must_agree() -> None:
+    obs = real()
+    obs["continued"]["ranks"][0]["steps"][1]["loss"] = (0.5).hex()
+    (reason,) = derive(obs)
+    assert reason.startswith(f"{diagnosis.NONDETERMINISTIC}: rank 0: two resumes on torch 2.14.1")
+    assert "resumed step 2" in reason
+
+
+def test_the_steps_are_not_compared_with_the_release_that_saved() -> None:
+    """Kernels may differ between releases: the saving arm's own K steps are not the bar."""
+    obs = real()
+    for rank in obs["source"]["ranks"]:
+        rank["steps"][-1]["loss"] = (0.25).hex()
+    assert derive(obs) == []
+
+
+def test_a_record_naming_other_releases_than_its_scenario_fails() -> None:
+    obs = real()
+    obs["torch"]["loaded"] = "2.15.0+cu132"
+    (reason,) = derive(obs)
+    assert reason.startswith("torch: saved by 2.13.0+cpu and loaded by 2.15.0+cu132")
+
+
+def test_provenance_takes_the_plans_optional_keys() -> None:
+    """A run with --ignore-attr or --resume-with-torch records them in its plan, and verify
+    reads that plan back (before this, an --ignore-attr run did not verify)."""
+    from dcp_invariant.evidence import provenance
+
+    for the_plan in (
+        RUN_PLAN,
+        plan.fixture_plan("examples.mlp_fixture:fixture", ignored_attrs=["app.cache"]),
+    ):
+        record = provenance.build(
+            source_revision="0" * 40,
+            torch_distribution="2.13.0+cpu",
+            torch_runtime="2.13.0+cpu",
+            numpy="2.4.6",
+            run_plan=the_plan,
+        )
+        assert provenance.shape_problems(record) == []
+        assert provenance.recorded_plan(record) == the_plan

@@ -1,0 +1,168 @@
+"""The other release's environment, made by a stand-in uv (no network): the commands uv is
+given, the marker that makes a second run reuse it, a build that was killed made again, and
+every failure one line, leaving no half-made environment."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcp_invariant import canonical, other_release
+from dcp_invariant.errors import ReleaseEnvError
+from dcp_invariant.suite import release_env
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the stand-in uv is a shell script")
+
+RECIPE = other_release.Recipe("2.15.0", "cpu-index", "3.11", "2.4.6", "linux", "x86_64")
+# The stand-in: logs each call, makes a venv whose python reports $FAKE_PAIR, fails with
+# $FAKE_FAIL on `pip install`.
+FAKE_UV = r"""#!/bin/sh
+echo "$*" >> "$FAKE_LOG"
+if [ "$1" = venv ]; then
+  for last; do :; done
+  mkdir -p "$last/bin" "$last/lib/python3.11/site-packages"
+  printf '#!/bin/sh\necho %s\n' "'$FAKE_PAIR'" > "$last/bin/python"
+  chmod +x "$last/bin/python"
+  exit 0
+fi
+if [ -n "$FAKE_FAIL" ]; then printf '%b' "$FAKE_FAIL" >&2; exit 2; fi
+exit 0
+"""
+PAIR = {"distribution": "2.15.0", "torch": "2.15.0+cu132", "numpy": "2.4.6"}
+
+
+@pytest.fixture
+def fake_uv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    uv = tmp_path / "bin" / "uv"
+    uv.parent.mkdir()
+    uv.write_text(FAKE_UV, encoding="utf-8")
+    uv.chmod(uv.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "uv.log"
+    monkeypatch.setenv("UV", str(uv))
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_PAIR", json.dumps(PAIR))
+    monkeypatch.delenv("FAKE_FAIL", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(release_env, "_purelib", lambda d: d / "lib/python3.11/site-packages")
+    return log
+
+
+def calls(log: Path) -> list[str]:
+    return log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+
+
+def test_the_first_run_makes_the_environment_and_the_second_reuses_it(
+    fake_uv: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    made = release_env.ensure(RECIPE, cache)
+    env_dir = cache / "torch" / RECIPE.name
+    assert made == release_env.ReleaseEnv(
+        "2.15.0", env_dir / "bin/python", "2.15.0", "2.15.0+cu132"
+    )
+    venv, install = calls(fake_uv)
+    assert venv.startswith("venv --no-config --quiet --python ")
+    assert install.endswith("--torch-backend cpu torch==2.15.0 numpy==2.4.6")
+    copied = env_dir / "lib/python3.11/site-packages/dcp_invariant"
+    assert (copied / "__init__.py").is_file() and (copied / "runtimes.json").is_file()
+    assert not list(copied.rglob("__pycache__"))
+    marker = canonical.loads((env_dir / other_release.MARKER).read_bytes())
+    assert marker["torch"] == "2.15.0+cu132" and marker["release"] == "2.15.0"
+
+    assert release_env.ensure(RECIPE, cache) == made
+    assert len(calls(fake_uv)) == 2  # reused: uv ran no more
+
+
+def test_a_changed_package_is_copied_again_without_reinstalling(
+    fake_uv: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    release_env.ensure(RECIPE, cache)
+    env_dir = cache / "torch" / RECIPE.name
+    marker = env_dir / other_release.MARKER
+    record = canonical.loads(marker.read_bytes())
+    marker.write_bytes(canonical.dumps({**record, "package": "0" * 64}))
+    stale = env_dir / "lib/python3.11/site-packages/dcp_invariant/stale.py"
+    stale.write_text("", encoding="utf-8")
+    release_env.ensure(RECIPE, cache)
+    assert len(calls(fake_uv)) == 2
+    assert not stale.exists()
+    assert canonical.loads(marker.read_bytes())["package"] != "0" * 64
+
+
+def test_a_build_that_was_killed_is_made_again(fake_uv: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env_dir = cache / "torch" / RECIPE.name
+    (env_dir / "bin").mkdir(parents=True)
+    (env_dir / "half-written").write_text("", encoding="utf-8")  # no marker: never completed
+    release_env.ensure(RECIPE, cache)
+    assert not (env_dir / "half-written").exists()
+    assert len(calls(fake_uv)) == 2
+
+
+def test_an_install_that_fails_is_one_line_and_leaves_nothing(
+    fake_uv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "FAKE_FAIL",
+        "error: Failed to fetch: `https://download.pytorch.org/whl/cpu/torch/`\\n  Caused by: dns error\\n",
+    )
+    cache = tmp_path / "cache"
+    with pytest.raises(ReleaseEnvError) as caught:
+        release_env.ensure(RECIPE, cache)
+    said = str(caught.value)
+    assert "\n" not in said
+    assert said.startswith(
+        "--resume-with-torch 2.15.0: uv could not install torch==2.15.0 from PyTorch's CPU index"
+    )
+    assert "(Caused by: dns error)" in said and other_release.TORCH_INDEX_ENV in said
+    assert not (cache / "torch" / RECIPE.name).exists()
+    assert caught.value.exit_code == 2
+
+
+def test_a_torch_that_is_not_the_release_asked_for_is_refused(
+    fake_uv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "FAKE_PAIR", json.dumps({**PAIR, "distribution": "2.14.1", "torch": "2.14.1+cu130"})
+    )
+    cache = tmp_path / "cache"
+    with pytest.raises(
+        ReleaseEnvError,
+        match=r"uv installed torch 2\.14\.1/2\.14\.1\+cu130, not a registered build of 2\.15\.0",
+    ):
+        release_env.ensure(RECIPE, cache)
+    assert not (cache / "torch" / RECIPE.name).exists()
+
+
+def test_without_uv_the_run_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(
+        ReleaseEnvError, match=r"uv makes the other release's environment and is not installed"
+    ):
+        release_env.find_uv({"PATH": str(tmp_path)})
+
+
+def test_a_cache_directory_that_cannot_be_made_is_named(fake_uv: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("", encoding="utf-8")
+    with pytest.raises(ReleaseEnvError, match="pass --cache-dir DIR"):
+        release_env.ensure(RECIPE, blocker / "cache")
+
+
+def test_the_workers_import_path_leaves_out_the_runners_installation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    site_packages = next(p for p in sys.path if p.endswith("site-packages"))
+    monkeypatch.setattr(sys, "path", [str(project), site_packages, "", str(project), os.devnull])
+    assert release_env.worker_search_path() == [os.path.realpath(project)]
