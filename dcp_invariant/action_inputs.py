@@ -33,6 +33,7 @@ _LOOP_INPUTS = (
     "fixture-args",
     "rank-local",
     "ignore-attr",
+    "resume-with-torch",
 )
 
 
@@ -60,8 +61,10 @@ def _text(flag: bool) -> str:
 
 
 # ``run``'s parser and plan: a command line's plan, or its one-line BadInput
-# (dcp_invariant.cli.run_plan_of, handed in: the CLI is what runs this module).
-RunParser = Callable[[list[str]], object]
+# (dcp_invariant.cli.run_plan_of, handed in: the CLI is what runs this module). The second
+# argument is the release the suite will run on, where the action installs it (``None``: the
+# installed torch's, in the caller's environment): resume-with-torch names scenarios after it.
+RunParser = Callable[[list[str], str | None], object]
 
 
 def check(inputs: Mapping[str, str], run_parser: RunParser) -> Checked:
@@ -95,7 +98,8 @@ def check(inputs: Mapping[str, str], run_parser: RunParser) -> Checked:
     _retention_days(given["retention-days"])
     arguments: tuple[str, ...] = ()
     if flags["run-suite"]:
-        arguments = _run_arguments(given, run_parser)
+        release = torch_version if environment == "action" else None
+        arguments = _run_arguments(given, lambda argv: run_parser(argv, release))
     return Checked(
         environment="caller" if environment == "caller" else "action",
         run_suite=flags["run-suite"],
@@ -145,7 +149,9 @@ def _retention_days(value: str) -> None:
         )
 
 
-def _run_arguments(given: Mapping[str, str], run_parser: RunParser) -> tuple[str, ...]:
+def _run_arguments(
+    given: Mapping[str, str], run_parser: Callable[[list[str]], object]
+) -> tuple[str, ...]:
     """``run``'s arguments from the inputs, each input held to ``run``'s grammar on its own."""
     from dcp_invariant.suite.output_dir import check_target
 
@@ -165,6 +171,7 @@ def _run_arguments(given: Mapping[str, str], run_parser: RunParser) -> tuple[str
         "steps-after",
         "rank-local",
         "ignore-attr",
+        "resume-with-torch",
     )
     for name in single_line:
         # Each becomes one line of the arguments file: a line break (a YAML block scalar's
@@ -182,6 +189,7 @@ def _run_arguments(given: Mapping[str, str], run_parser: RunParser) -> tuple[str
     own["fixture-args"] = [a for line in lines if line for a in ("--fixture-arg", line)]
     own["rank-local"] = _listed("--rank-local", given["rank-local"])
     own["ignore-attr"] = _listed("--ignore-attr", given["ignore-attr"])
+    own["resume-with-torch"] = _listed("--resume-with-torch", given["resume-with-torch"])
     for name in ("fixture", *_LOOP_INPUTS):
         if own[name]:
             alone = own["fixture"] + own[name] if name != "fixture" else own[name]
@@ -201,7 +209,9 @@ def _listed(flag: str, value: str) -> list[str]:
     return [a for item in items if item for a in (flag, item)]
 
 
-def _parsed(run_parser: RunParser, arguments: Sequence[str], prefix: str) -> None:
+def _parsed(
+    run_parser: Callable[[list[str]], object], arguments: Sequence[str], prefix: str
+) -> None:
     """``run``'s parser and plan on ``arguments``: its one line, prefixed, where they fail."""
     try:
         run_parser(["run", *arguments])

@@ -447,12 +447,13 @@ def _action_inputs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def run_plan_of(argv: list[str]) -> plan.Plan:
-    """The plan ``run`` would make of ``argv`` (``["run", ...]``), or its one-line BadInput."""
+def run_plan_of(argv: list[str], installed_release: str | None = None) -> plan.Plan:
+    """The plan ``run`` would make of ``argv`` (``["run", ...]``), or its one-line BadInput;
+    ``installed_release``: the torch it will run on, where that is not installed yet."""
     args = build_parser().parse_args(argv)
     if args.command != "run":
         raise UsageError(f"expected run's arguments, got {args.command}")
-    return _run_plan(args)
+    return _run_plan(args, installed_release)
 
 
 def _print_lines(lines: list[str], end: str = "\n") -> None:
@@ -588,7 +589,7 @@ def _interruptible() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _run_plan(args: argparse.Namespace) -> plan.Plan:
+def _run_plan(args: argparse.Namespace, installed_release: str | None = None) -> plan.Plan:
     if args.fixture is None:
         given = [
             flag
@@ -623,18 +624,10 @@ def _run_plan(args: argparse.Namespace) -> plan.Plan:
         args.rank_local or (),
         ignored_attrs=args.ignore_attr or (),
         resume_with_torch=args.resume_with_torch or (),
-        torch_release=_installed_release() if args.resume_with_torch else "",
+        torch_release=(installed_release or runtimes.installed_release())
+        if args.resume_with_torch
+        else "",
     )
-
-
-def _installed_release() -> str:
-    """The registered release of the installed torch, which ``--resume-with-torch`` names its
-    scenarios after; UnsupportedRuntime where there is none."""
-    from dcp_invariant.suite.runner import installed_torch
-
-    distribution = installed_torch()
-    runtimes.require(distribution)
-    return runtimes.release_of(distribution or "", sys.platform)
 
 
 def _fixture_args(given: list[str]) -> dict[str, Any]:

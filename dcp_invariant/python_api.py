@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from dcp_invariant import canonical, fixture_inputs, plan
+from dcp_invariant import canonical, fixture_inputs, plan, runtimes
 from dcp_invariant.errors import CheckInputError
 
 if TYPE_CHECKING:
@@ -88,8 +88,13 @@ def check(
     rank_local: Sequence[str] = (),
     source_revision: str | None = None,
     ignore_attrs: Sequence[str] = (),
+    resume_with_torch: Sequence[str] = (),
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> Report:
     """Check the training loop ``fixture`` builds, as ``dcp-invariant run --fixture`` does.
+
+    ``resume_with_torch``: registered releases that also resume each save, in environments uv
+    makes under ``cache_dir`` (``--resume-with-torch``, ``--cache-dir``: docs/upgrading-torch.md).
 
     ``fixture`` is ``"module:callable"`` or a module-level callable; it is called as
     ``fixture(rank, world_size, **fixture_args)`` in worker processes, which import it by name.
@@ -113,17 +118,33 @@ def check(
         _require(name, value, what, value is None or ok)
     names = _names(rank_local)
     ignored = _names(ignore_attrs, "ignore_attrs")
+    releases = _names(resume_with_torch, "resume_with_torch")
+    _require(
+        "cache_dir",
+        cache_dir,
+        "a path or None",
+        cache_dir is None or isinstance(cache_dir, (str, os.PathLike)),
+    )
+    cache = None if cache_dir is None else Path(cache_dir)
     spec = fixture_spec(fixture)
     run = plan.fixture_plan(
-        spec, sizes, steps_before, steps_after, fixture_args, names, ignored_attrs=ignored
+        spec,
+        sizes,
+        steps_before,
+        steps_after,
+        fixture_args,
+        names,
+        ignored_attrs=ignored,
+        resume_with_torch=releases,
+        torch_release=runtimes.installed_release() if releases else "",
     )
     seconds = checked_timeout(timeout)
     revision = source_revision_of(source_revision)
     if target is not None:
-        return run_plan(run, target, timeout=seconds, revision=revision)
+        return run_plan(run, target, timeout=seconds, revision=revision, cache_dir=cache)
     home = Path(tempfile.mkdtemp(prefix="dcp-invariant-"))
     try:
-        return run_plan(run, home / "evidence", timeout=seconds, revision=revision)
+        return run_plan(run, home / "evidence", timeout=seconds, revision=revision, cache_dir=cache)
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)  # nothing written: the directory was ours
         raise
@@ -299,8 +320,8 @@ def _sizes(world_sizes: Iterable[int]) -> tuple[int, ...]:
 
 
 def _names(given: Sequence[str], argument: str = "rank_local") -> tuple[str, ...]:
-    """``rank_local`` (top-level keys of state_dict()) or ``ignore_attrs`` (attribute paths):
-    a str is one name, never its characters."""
+    """``rank_local`` (top-level keys of state_dict()), ``ignore_attrs`` (attribute paths) or
+    ``resume_with_torch`` (releases): a str is one name, never its characters."""
     what = _WHAT[argument]
     if isinstance(given, str):  # "data" would otherwise be four components
         return (given,)
@@ -314,6 +335,7 @@ def _names(given: Sequence[str], argument: str = "rank_local") -> tuple[str, ...
 _WHAT = {
     "rank_local": "top-level keys of state_dict()",
     "ignore_attrs": "attribute paths such as app.ema",
+    "resume_with_torch": "registered releases such as 2.15.0",
 }
 
 

@@ -8,6 +8,7 @@ _create_tcp_store``, UTF-8, SHA-256.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from dataclasses import dataclass
@@ -87,6 +88,22 @@ def release_of(distribution: str, platform: str) -> str:
         if runtime.distribution == distribution and platform in runtime.platforms:
             return runtime.release
     return ""
+
+
+def installed_distribution() -> str | None:
+    """The installed torch's distribution version, read without importing it."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def installed_release() -> str:
+    """The registered release of the installed torch (what ``--resume-with-torch`` names its
+    scenarios after); UnsupportedRuntime where there is none."""
+    distribution = installed_distribution()
+    require(distribution)
+    return release_of(distribution or "", sys.platform)
 
 
 def registered_pairs(platform: str | None = None) -> str:

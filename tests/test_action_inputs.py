@@ -65,6 +65,23 @@ def test_fixture_inputs_become_one_argument_each_in_runs_order() -> None:
     )  # fmt: skip
 
 
+def test_resume_with_torch_names_its_scenarios_after_the_torch_the_action_installs() -> None:
+    """The input check runs before torch is installed: the plan's installed release is the
+    torch-version input, not whatever this interpreter has."""
+    checked = check(
+        {
+            **DEFAULTS,
+            "torch-version": "2.14.1",
+            "fixture": "my_project.checks:make_app",
+            "resume-with-torch": "2.15.0, 2.13.0",
+        }
+    )
+    arguments = list(checked.run_arguments)
+    assert arguments[-4:] == ["--resume-with-torch", "2.15.0", "--resume-with-torch", "2.13.0"]
+    names = cli.run_plan_of(["run", *arguments], "2.14.1").names
+    assert "upgrade_2.14.1_to_2.15.0_1" in names and "downgrade_2.14.1_to_2.13.0_2" in names
+
+
 def test_booleans_and_the_environment_are_read_case_insensitively() -> None:
     checked = check({**DEFAULTS, "run-suite": "TRUE", "upload": "False", "environment": "Caller"})
     assert checked.outputs() == {

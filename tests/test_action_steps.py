@@ -740,6 +740,15 @@ def stopped_at_the_inputs(run: ActionRun, line: str) -> None:
         ({"fixture": FIXTURE, "fixture-args": "width"}, "input fixture-args 'width': "),
         ({"fixture": FIXTURE, "rank-local": "a/b"}, "input rank-local 'a/b': "),
         ({"fixture": FIXTURE, "ignore-attr": "model.x"}, "input ignore-attr 'model.x': "),
+        (
+            {"fixture": FIXTURE, "resume-with-torch": "2.13.0"},
+            "input resume-with-torch '2.13.0': --resume-with-torch 2.13.0: that is the installed "
+            "torch",
+        ),
+        (
+            {"fixture": FIXTURE, "resume-with-torch": "2.15"},
+            "input resume-with-torch '2.15': --resume-with-torch '2.15': not a registered release",
+        ),
         ({"world-sizes": "1,2"}, "input world-sizes '1,2': --world-sizes go with --fixture"),
         (
             {"output-dir": "kept"},

@@ -171,6 +171,21 @@ PATH = "output_dir must be a str or os.PathLike path, or None, got"
             "source_revision must be a 40-character hex string or None, got int 5",
             id="source_revision int",
         ),
+        pytest.param(
+            {"resume_with_torch": [2.15]},
+            "resume_with_torch must be made of str (registered releases such as 2.15.0), got",
+            id="resume_with_torch float",
+        ),
+        pytest.param(
+            {"resume_with_torch": "2.15"},
+            "--resume-with-torch '2.15': not a registered release",
+            id="resume_with_torch unregistered",
+        ),
+        pytest.param(
+            {"resume_with_torch": "2.15.0", "cache_dir": 5},
+            "cache_dir must be a path or None, got int 5",
+            id="cache_dir int",
+        ),
     ],
 )
 def test_an_argument_of_the_wrong_type_is_bad_input_naming_it(

@@ -9,7 +9,6 @@ through the suite.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import multiprocessing.util
 import os
 import re
@@ -93,10 +92,7 @@ def _cache(given: Path | None) -> Path:
 
 
 def installed_torch() -> str | None:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return runtimes.installed_distribution()
 
 
 def run_suite(

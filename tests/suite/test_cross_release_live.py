@@ -46,16 +46,22 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def run(
-    python: str, out: Path, cache: Path, release: str, index: str | None
+    python: str,
+    out: Path,
+    cache: Path,
+    release: str,
+    index: str | None,
+    fixture: str = FIXTURE,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     if index is not None:
         env[other_release.TORCH_INDEX_ENV] = index
     return subprocess.run(
-        [python, "-m", "dcp_invariant", "run", "--fixture", FIXTURE, "--world-sizes", "1",
+        [python, "-m", "dcp_invariant", "run", "--fixture", fixture, "--world-sizes", "1",
          "--output-dir", str(out), "--source-revision", REVISION,
          "--resume-with-torch", release, "--cache-dir", str(cache)],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=REPO, env=env, check=False,
+        capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=cwd, env=env, check=False,
     )  # fmt: skip
 
 
@@ -109,4 +115,28 @@ def test_a_downgrade_from_the_newest_release_fails_for_its_cause(
     assert "sixth field (strides)" in done.stdout
     report = verify_artifact(out)
     assert report.valid and not report.passed
+    assert [n for n, r in report.results.items() if r["verdict"] != "pass"] == [name]
+
+
+@pytest.mark.skipif(
+    INSTALLED in ("", NEWEST), reason="needs an installed release older than the newest"
+)
+def test_a_key_renamed_between_releases_fails_the_upgrade_for_its_cause(
+    cache: Path, tmp_path: Path
+) -> None:
+    """tests/release_loops.py names its model's state otherwise from 2.15 on: correct on each
+    release (its resume passes), its checkpoint does not load across the rename."""
+    out = tmp_path / "evidence"
+    index = os.environ.get(other_release.TORCH_INDEX_ENV)
+    fixture = "release_loops:renamed_by_release"
+    done = run(sys.executable, out, cache, NEWEST, index, fixture, REPO / "tests")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    name = f"upgrade_{INSTALLED}_to_{NEWEST}_1"
+    assert "pass  resume_1" in done.stdout
+    assert f"fail  {name}" in done.stdout
+    assert (
+        f"- {diagnosis.DOES_NOT_LOAD_ON_OTHER}: torch {NEWEST}" in done.stdout
+        and "the checkpoint has no app.net." in done.stdout
+    ), done.stdout[-3000:]
+    report = verify_artifact(out)
     assert [n for n, r in report.results.items() if r["verdict"] != "pass"] == [name]
