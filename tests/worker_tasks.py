@@ -33,3 +33,19 @@ def exit_with(rank: int, world_size: int, payload: dict[str, Any], report: Repor
     dist.barrier()
     report({"rank": rank})
     raise SystemExit(payload["code"])
+
+
+def hang_with_a_child(
+    rank: int, world_size: int, payload: dict[str, Any], report: Reporter
+) -> None:
+    """Fork a child that inherits every descriptor and outlives the rank, then hang: what a
+    DataLoader's forked workers do to a rank that is killed at its deadline."""
+    import os
+    import sys
+    import time
+
+    report({"rank": rank, "pid": os.getpid()})
+    if sys.platform != "win32" and os.fork() == 0:
+        time.sleep(600)
+        os._exit(0)
+    time.sleep(600)

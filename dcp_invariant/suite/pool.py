@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -362,9 +363,11 @@ class _FreshProcess:
     :func:`_wait` and :meth:`WorkerPool.run_group` read of a ``multiprocessing.Process``."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        # The sentinel, as multiprocessing's own on POSIX (multiprocessing/popen_fork.py): a
-        # pipe whose write end only the child holds, readable once it has ended.
-        read_end, write_end = (-1, -1) if sys.platform == "win32" else os.pipe()
+        # POSIX without pidfds: a pipe whose write end only the child holds, readable once it
+        # has ended, as multiprocessing's own sentinel (multiprocessing/popen_fork.py).
+        pidfd = sys.platform == "linux" and hasattr(os, "pidfd_open")  # Linux 5.3, Python 3.9
+        use_pipe = sys.platform != "win32" and not pidfd
+        read_end, write_end = os.pipe() if use_pipe else (-1, -1)
         try:
             self._proc = subprocess.Popen(
                 command,
@@ -372,13 +375,25 @@ class _FreshProcess:
                 stdin=subprocess.DEVNULL,
                 pass_fds=() if write_end < 0 else (write_end,),
             )
+        except BaseException:
+            if read_end >= 0:
+                os.close(read_end)
+            raise
         finally:
             if write_end >= 0:
                 os.close(write_end)
         self.pid = self._proc.pid
-        self._read_end = read_end
-        # Windows: the process handle is waitable itself (multiprocessing.connection.wait).
-        self.sentinel: int = read_end if read_end >= 0 else int(self._proc._handle)  # type: ignore[attr-defined]
+        fd = read_end
+        if sys.platform == "win32":  # the process handle is waitable itself
+            self.sentinel: int = int(self._proc._handle)  # type: ignore[attr-defined]
+        elif sys.platform == "linux" and pidfd:
+            # Linux: readable when the process itself ends, whatever its own children (a
+            # DataLoader's forked workers) still hold open: a pipe would wait for them too.
+            fd = self.sentinel = os.pidfd_open(self.pid)
+        else:
+            self.sentinel = read_end
+        # Closed by close(), or when the object goes (a group cut short by an interrupt).
+        self._close = weakref.finalize(self, os.close, fd) if fd >= 0 else None
 
     @property
     def exitcode(self) -> int | None:
@@ -393,9 +408,12 @@ class _FreshProcess:
             self._proc.wait(timeout)
 
     def close(self) -> None:
-        if self._read_end >= 0:
-            os.close(self._read_end)
-            self._read_end = -1
+        if self._close is not None:
+            self._close()
+
+
+# What another environment's interpreter must not inherit: the runner's import path and home.
+_NOT_PASSED_ON = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE")
 
 
 class _Interpreters:
@@ -411,17 +429,26 @@ class _Interpreters:
         self._home = workdir
 
     def launch(self, jobs: list[worker.Job]) -> list[Any]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        # The environment's own interpreter and paths; the user's other settings (their
+        # PYTHONHASHSEED, say) as the runner's ranks have them.
+        env = {k: v for k, v in os.environ.items() if k not in _NOT_PASSED_ON}
         env["PYTHONPATH"] = os.pathsep.join(self._search_path)
         env[worker.PARENT_PID_ENV] = str(os.getpid())
         if sys.platform != "win32":  # Windows' multiprocessing makes no AF_UNIX sockets
             env[worker.MULTIPROCESSING_TEMP_ENV] = multiprocessing.util.get_temp_dir()
-        procs = []
-        with worker.interrupts_held():
-            for job in jobs:
-                fields = {**job.__dict__, "payload": dict(job.payload)}
-                command = [str(self._python), "-m", "dcp_invariant.suite.fresh_interpreter"]
-                procs.append(_FreshProcess([*command, json.dumps(fields)], env))
+        procs: list[_FreshProcess] = []
+        try:
+            with worker.interrupts_held():
+                for job in jobs:
+                    fields = {**job.__dict__, "payload": dict(job.payload)}
+                    command = [str(self._python), "-m", "dcp_invariant.suite.fresh_interpreter"]
+                    procs.append(_FreshProcess([*command, json.dumps(fields)], env))
+        except BaseException:
+            for proc in procs:  # a group starts whole or not at all
+                proc.kill()
+                proc.join()
+                proc.close()
+            raise
         return procs
 
     def imported_versions(self) -> None:

@@ -20,6 +20,8 @@ import shutil
 import site
 import subprocess
 import sys
+import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,12 +44,14 @@ _PROBE = (
 
 @dataclass(frozen=True)
 class ReleaseEnv:
-    """A complete environment: its interpreter and the torch it imports."""
+    """A complete environment: its interpreter and the torch it imports, and where this
+    package's copy for its ranks is (first on their import path)."""
 
     release: str
     python: Path
     distribution: str  # importlib.metadata.version("torch") there
     torch: str  # torch.__version__ there
+    package_path: Path
 
 
 def find_uv(environ: dict[str, str] | None = None) -> str:
@@ -78,11 +82,21 @@ def recipe_for(
         release=release,
         build=other_release.build_of(distribution),
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
-        numpy=importlib.metadata.version("numpy"),
+        numpy=_runner_numpy(),
         platform=sys.platform,
         machine=platform.machine().lower(),
         index=env.get(other_release.TORCH_INDEX_ENV) or None,
     )
+
+
+def _runner_numpy() -> str:
+    try:
+        return importlib.metadata.version("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        raise ReleaseEnvError(
+            "--resume-with-torch: numpy is not installed beside this torch: install it (the "
+            "other release's environment gets the same version)"
+        ) from None
 
 
 def package_digest(root: Path) -> str:
@@ -106,22 +120,53 @@ def ensure(
             f"{other_release.CACHE_ENV}) to a directory you can write"
         ) from exc
     env_dir = envs / recipe.name
-    package = Path(dcp_invariant.__file__).resolve().parent
-    digest = package_digest(package)
     try:
         with exclusive(envs / f"{recipe.name}.lock", timeout):
-            marker = _read_marker(env_dir)
-            if marker is None:
+            made = _read_marker(env_dir)
+            if made is None:
                 _make(recipe, env_dir, timeout)
-            made = _probe(recipe, env_dir) if marker is None else marker
-            if made.get("package") != digest:
-                _copy_package(package, env_dir)
-            made["package"] = digest
-            (env_dir / other_release.MARKER).write_bytes(canonical.dumps(made))
+                made = _probe(recipe, env_dir)
+                # Written whole or not at all: a kill here leaves no marker, not half of one.
+                partial = env_dir / f"{other_release.MARKER}.partial"
+                partial.write_bytes(canonical.dumps(made))
+                os.replace(partial, env_dir / other_release.MARKER)
+        package_path = _package_copy(cache)
     except StoreError as exc:  # the lock file itself cannot be used
         raise ReleaseEnvError(f"the cache directory {cache}: {exc}") from exc
+    except OSError as exc:
+        raise ReleaseEnvError(
+            f"the cache directory {cache}: {exc.strerror or exc} ({exc.filename or 'no file'}): "
+            f"free space there, or pass --cache-dir DIR (or set {other_release.CACHE_ENV})"
+        ) from exc
     python = Path(other_release.env_python(env_dir, sys.platform))
-    return ReleaseEnv(recipe.release, python, str(made["distribution"]), str(made["torch"]))
+    return ReleaseEnv(
+        recipe.release, python, str(made["distribution"]), str(made["torch"]), package_path
+    )
+
+
+def _package_copy(cache: Path) -> Path:
+    """This package as the runner imports it, once per content, under ``cache/packages``: a
+    run with another copy of the package (another checkout) gets its own directory and never
+    changes the one a concurrent run's ranks import. Made aside, then renamed into place."""
+    package = Path(dcp_invariant.__file__).resolve().parent
+    home = cache / "packages" / package_digest(package)
+    if (home / PACKAGE / "__init__.py").is_file():
+        return home
+    home.parent.mkdir(parents=True, exist_ok=True)
+    aside = Path(tempfile.mkdtemp(prefix=".partial-", dir=home.parent))
+    try:
+        for name in _package_files(package):
+            destination = aside / PACKAGE / name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(package / name, destination)
+        try:
+            os.rename(aside, home)
+        except OSError:
+            if not (home / PACKAGE / "__init__.py").is_file():
+                raise  # not another run's copy that got there first
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    return home
 
 
 def _read_marker(env_dir: Path) -> dict[str, object] | None:
@@ -224,28 +269,6 @@ def _probe(recipe: other_release.Recipe, env_dir: Path) -> dict[str, object]:
     }
 
 
-def _copy_package(package: Path, env_dir: Path) -> None:
-    """This package, as the runner imports it, into the environment's site-packages."""
-    target = _purelib(env_dir) / PACKAGE
-    if target.exists():
-        shutil.rmtree(target)
-    for name in _package_files(package):
-        destination = target / name
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(package / name, destination)
-
-
-def _purelib(env_dir: Path) -> Path:
-    if sys.platform == "win32":
-        return env_dir / "Lib" / "site-packages"
-    return (
-        env_dir
-        / "lib"
-        / f"python{sys.version_info.major}.{sys.version_info.minor}"
-        / "site-packages"
-    )
-
-
 def _package_files(root: Path) -> list[str]:
     """The package's files, relative and sorted: its code and the data it reads, no caches."""
     return sorted(
@@ -258,19 +281,22 @@ def _package_files(root: Path) -> list[str]:
 
 
 def worker_search_path() -> list[str]:
-    """The runner's import path as the other release's workers get it: where the fixture was
-    found, without a directory of the runner's own installation (its torch would shadow the
-    environment's): the standard library and site-packages are the environment's own."""
-    excluded = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages()}
-    excluded.add(site.getusersitepackages())
-    roots = [os.path.realpath(p).rstrip(os.sep) + os.sep for p in excluded if p]
+    """The runner's import path as the other release's ranks get it: where the fixture was
+    found (the current directory for an empty entry, as multiprocessing's children get it), but
+    neither the runner's standard library nor its site-packages, nor any directory that holds
+    a torch or numpy of its own: either would shadow the environment's."""
+    paths = sysconfig.get_paths()
+    stdlib = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")}
+    own = [paths["purelib"], paths["platlib"], *site.getsitepackages(), site.getusersitepackages()]
+    excluded = {os.path.realpath(p) for p in own if p}
     kept: list[str] = []
     for entry in sys.path:
-        if not entry or not os.path.isdir(entry):
+        resolved = os.path.realpath(entry or os.getcwd())
+        if not os.path.isdir(resolved) or resolved in excluded or resolved in kept:
+            continue  # a zip of the standard library is no directory either
+        if any(resolved == lib or resolved.startswith(lib + os.sep) for lib in stdlib):
+            continue  # the standard library, lib-dynload with it
+        if any(os.path.isdir(os.path.join(resolved, name)) for name in ("torch", "numpy")):
             continue
-        resolved = os.path.realpath(entry)
-        if any((resolved + os.sep).startswith(root) for root in roots):
-            continue
-        if resolved not in kept:
-            kept.append(resolved)
+        kept.append(resolved)
     return kept

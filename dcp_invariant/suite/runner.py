@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from dcp_invariant import other_release, plan, runtimes
-from dcp_invariant.errors import BadInput, EnvironmentProblem, Error, FixtureProblem
+from dcp_invariant.errors import (
+    BadInput,
+    EnvironmentProblem,
+    Error,
+    FixtureProblem,
+    ReleaseEnvError,
+)
 from dcp_invariant.evidence import rules
 from dcp_invariant.suite import reaper, release_env
 from dcp_invariant.suite.console import Log
@@ -134,7 +140,9 @@ def run_suite(
         pool = WorkerPool(timeout)
         search_path = release_env.worker_search_path()
         other_pools = {
-            env.release: WorkerPool(timeout, python=env.python, search_path=search_path)
+            env.release: WorkerPool(
+                timeout, python=env.python, search_path=[str(env.package_path), *search_path]
+            )
             for env in other_envs
         }
         try:
@@ -146,6 +154,17 @@ def run_suite(
                 guardian.remove_if_killed(space.socket_holder)
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
+            for env in other_envs:
+                # What the other release's ranks import, not only what its interpreter does
+                # alone: a directory of the runner's import path could shadow it.
+                theirs = _probe(other_pools[env.release], workspace / f"probe-{env.release}")
+                if theirs["torch"] != env.torch:
+                    raise ReleaseEnvError(
+                        f"--resume-with-torch {env.release}: its ranks import torch "
+                        f"{theirs['torch']}, not the environment's {env.torch}: a directory on "
+                        "your import path (PYTHONPATH, a .pth file) holds another torch; run "
+                        "without it"
+                    )
             if run_plan.kind == "fixture":
                 found = _probe_fixture(pool, workspace / "fixture-probe", fixture, run_plan)
                 # The probe found who saves the app: an app with its own save() and load() has

@@ -129,3 +129,23 @@ def test_provenance_takes_the_plans_optional_keys() -> None:
         )
         assert provenance.shape_problems(record) == []
         assert provenance.recorded_plan(record) == the_plan
+
+
+def test_a_record_naming_no_release_at_all_is_a_reason_not_a_crash() -> None:
+    obs = real()
+    obs["torch"]["loaded"] = "2.14.1rc1"
+    (reason,) = derive(obs)
+    assert reason.startswith("torch: saved by 2.13.0+cpu and loaded by 2.14.1rc1, not the releases")
+
+
+def test_an_unreadable_metadata_on_the_same_release_is_a_round_trip_failure() -> None:
+    """resume and reshard share the load-failure wording: the new kind reads there too."""
+    from dcp_invariant.evidence.families._fixture_arms import load_failures
+
+    scenario = RUN_PLAN.scenario("resume_1")
+    ranks = [
+        {"rank": 0, "load_error": {"kind": "unreadable metadata", "key": None, "exception": None}}
+    ]
+    (reason,) = load_failures(scenario, ranks, lambda r: f"resumed rank {r}")
+    assert reason.startswith(f"{diagnosis.ROUND_TRIP}: resumed rank 0: DCP could not read")
+    assert "None" not in reason

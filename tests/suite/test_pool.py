@@ -7,6 +7,7 @@ Both paths must end a worker the same way: its exit status kept, and no interpre
 from __future__ import annotations
 
 import multiprocessing
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +70,60 @@ def _wind_down(space: Path, tmp_path: Path) -> None:
         assert len(multiprocessing.active_children()) == waiting - 1  # used one, started none
     finally:
         workers.close()
+
+
+@pytest.fixture
+def other_interpreter(tmp_path: Path) -> Iterator[pool.WorkerPool]:
+    """Ranks as another environment's interpreter starts them (--resume-with-torch): here the
+    runner's own, with the tests' directory for their tasks."""
+    tests = str(Path(__file__).resolve().parents[1])
+    package = str(Path(pool.__file__).resolve().parents[2])
+    with workspace.Workspace() as space:
+        workers = pool.WorkerPool(
+            timeout=20, python=Path(sys.executable), search_path=[package, tests]
+        )
+        workers.start(space / "server")
+        try:
+            yield workers
+        finally:
+            workers.close()
+
+
+def test_another_interpreters_ranks_keep_their_exit_status(
+    other_interpreter: pool.WorkerPool, tmp_path: Path
+) -> None:
+    outcome = other_interpreter.run_group(
+        Call("worker_tasks:exit_with", {"code": 7}), 2, tmp_path, "exit"
+    )
+    assert outcome.exit_codes == [7, 7]
+    assert [r["rank"] for r in outcome.results] == [0, 1]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="forks a child")
+def test_a_hung_rank_of_another_interpreter_is_killed_at_its_deadline_whatever_its_child_holds(
+    tmp_path: Path,
+) -> None:
+    """The rank's child holds every descriptor the rank had: the wait for the rank's end must
+    not wait for the child too (a pipe as sentinel would, forever)."""
+    import time
+
+    tests = str(Path(__file__).resolve().parents[1])
+    package = str(Path(pool.__file__).resolve().parents[2])
+    with workspace.Workspace() as space:
+        workers = pool.WorkerPool(
+            timeout=8, python=Path(sys.executable), search_path=[package, tests]
+        )
+        workers.start(space / "server")
+        try:
+            started = time.monotonic()
+            outcome = workers.run_group(
+                Call("worker_tasks:hang_with_a_child", {}), 1, tmp_path, "hang"
+            )
+            took = time.monotonic() - started
+        finally:
+            workers.close()
+    assert outcome.timed_out
+    assert outcome.exit_codes == [-9]
+    assert took < 8 + 20, took  # the deadline, and the reaping after it
+    # The child, killed with the group and named for the warning (python3 here).
+    assert len(outcome.stragglers) == 1 and outcome.stragglers[0].startswith("python")

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,6 @@ def fake_uv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FAKE_PAIR", json.dumps(PAIR))
     monkeypatch.delenv("FAKE_FAIL", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(release_env, "_purelib", lambda d: d / "lib/python3.11/site-packages")
     return log
 
 
@@ -63,13 +63,15 @@ def test_the_first_run_makes_the_environment_and_the_second_reuses_it(
     cache = tmp_path / "cache"
     made = release_env.ensure(RECIPE, cache)
     env_dir = cache / "torch" / RECIPE.name
+    package = Path(release_env.__file__).resolve().parents[1]
+    home = cache / "packages" / release_env.package_digest(package)
     assert made == release_env.ReleaseEnv(
-        "2.15.0", env_dir / "bin/python", "2.15.0", "2.15.0+cu132"
+        "2.15.0", env_dir / "bin/python", "2.15.0", "2.15.0+cu132", home
     )
     venv, install = calls(fake_uv)
     assert venv.startswith("venv --no-config --quiet --python ")
     assert install.endswith("--torch-backend cpu torch==2.15.0 numpy==2.4.6")
-    copied = env_dir / "lib/python3.11/site-packages/dcp_invariant"
+    copied = home / "dcp_invariant"
     assert (copied / "__init__.py").is_file() and (copied / "runtimes.json").is_file()
     assert not list(copied.rglob("__pycache__"))
     marker = canonical.loads((env_dir / other_release.MARKER).read_bytes())
@@ -79,21 +81,19 @@ def test_the_first_run_makes_the_environment_and_the_second_reuses_it(
     assert len(calls(fake_uv)) == 2  # reused: uv ran no more
 
 
-def test_a_changed_package_is_copied_again_without_reinstalling(
-    fake_uv: Path, tmp_path: Path
+def test_another_copy_of_the_package_gets_its_own_directory_without_reinstalling(
+    fake_uv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two checkouts sharing a cache: neither run's ranks see the other's package change."""
     cache = tmp_path / "cache"
-    release_env.ensure(RECIPE, cache)
-    env_dir = cache / "torch" / RECIPE.name
-    marker = env_dir / other_release.MARKER
-    record = canonical.loads(marker.read_bytes())
-    marker.write_bytes(canonical.dumps({**record, "package": "0" * 64}))
-    stale = env_dir / "lib/python3.11/site-packages/dcp_invariant/stale.py"
-    stale.write_text("", encoding="utf-8")
-    release_env.ensure(RECIPE, cache)
-    assert len(calls(fake_uv)) == 2
-    assert not stale.exists()
-    assert canonical.loads(marker.read_bytes())["package"] != "0" * 64
+    first = release_env.ensure(RECIPE, cache).package_path
+    monkeypatch.setattr(release_env, "package_digest", lambda root: "f" * 64)
+    second = release_env.ensure(RECIPE, cache).package_path
+    assert second == cache / "packages" / ("f" * 64)
+    assert (first / "dcp_invariant" / "__init__.py").is_file()
+    assert (second / "dcp_invariant" / "__init__.py").is_file()
+    assert len(calls(fake_uv)) == 2  # the environment itself was reused
+    assert not [p for p in (cache / "packages").iterdir() if p.name.startswith(".partial-")]
 
 
 def test_a_build_that_was_killed_is_made_again(fake_uv: Path, tmp_path: Path) -> None:
@@ -161,8 +161,11 @@ def test_a_cache_directory_that_cannot_be_made_is_named(fake_uv: Path, tmp_path:
 def test_the_workers_import_path_leaves_out_the_runners_installation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    project = tmp_path / "project"
+    project, shadow = tmp_path / "project", tmp_path / "modules"
     project.mkdir()
+    (shadow / "torch").mkdir(parents=True)  # a torch of its own, as an HPC module tree has
     site_packages = next(p for p in sys.path if p.endswith("site-packages"))
-    monkeypatch.setattr(sys, "path", [str(project), site_packages, "", str(project), os.devnull])
+    sysconfig.get_paths()  # read while the standard library is still on the path
+    monkeypatch.chdir(project)
+    monkeypatch.setattr(sys, "path", ["", site_packages, str(shadow), str(project), os.devnull])
     assert release_env.worker_search_path() == [os.path.realpath(project)]

@@ -257,6 +257,12 @@ def _load_failure(error: Obs, where: str, a: int, b: int) -> list[str]:
             f"{diagnosis.APP_ROUND_TRIP}: {where}: the app's own load() raised {error['exception']} "
             "on the checkpoint its save() wrote; its traceback is in the worker's log"
         ]
+    if kind == "unreadable metadata":  # the same torch that wrote it: the file is damaged
+        said = error["exception"] or "its error names a file"
+        return [
+            f"{diagnosis.ROUND_TRIP}: {where}: DCP could not read the checkpoint's .metadata "
+            f"({said}); its traceback is in the worker's log"
+        ]
     if a == b:
         cause, why = diagnosis.ROUND_TRIP, "state_dict() names it at the load, not at the save"
     else:

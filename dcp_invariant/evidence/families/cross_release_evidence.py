@@ -46,7 +46,11 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     if b is None:
         return ["the scenario names no release to load with: the record is not this plan's"]
     saved_by, loaded_by = obs["torch"]["saved"], obs["torch"]["loaded"]
-    if plan.cross_release_name(_release(saved_by), _release(loaded_by), w) != scenario.name:
+    try:
+        named = plan.cross_release_name(_release(saved_by), _release(loaded_by), w)
+    except ValueError:  # not a release's version at all
+        named = ""
+    if named != scenario.name:
         return [
             f"torch: saved by {saved_by} and loaded by {loaded_by}, not the releases "
             f"{scenario.name} names"
