@@ -14,7 +14,9 @@ it is unit-tested without a network; :mod:`dcp_invariant.suite.release_env` runs
   configuration (``--no-config``: the user's ``pyproject.toml`` may route torch elsewhere). uv's
   ``--torch-backend cpu`` sends torch, and torch only, to PyTorch's CPU index
   (https://docs.astral.sh/uv/guides/integration/pytorch/); ``DCP_INVARIANT_TORCH_INDEX`` names
-  an index to take torch from instead (a mirror). uv's own environment variables
+  an index uv searches for torch before its default one (a mirror; ``uv pip install --index``:
+  what the index lacks, or an index that cannot be read, falls back to the default, and the
+  probe then says which build came). uv's own environment variables
   (``UV_INDEX_URL``, ``UV_CACHE_DIR``...) apply as they do to any uv command.
 """
 
@@ -76,7 +78,7 @@ class Recipe:
     numpy: str  # the runner's NumPy version: the same in both environments
     platform: str  # sys.platform
     machine: str  # platform.machine(), lowercased
-    index: str | None = None  # DCP_INVARIANT_TORCH_INDEX: where torch comes from instead
+    index: str | None = None  # DCP_INVARIANT_TORCH_INDEX: searched for torch first
 
     @property
     def name(self) -> str:
