@@ -6,7 +6,8 @@ The newest release comes from where ``run --resume-with-torch`` takes it: PyTorc
 for a CPU build, else PyPI (on Linux the multi-GB CUDA build); a mirror given as
 ``DCP_INVARIANT_TORCH_INDEX`` in the environment is used as is. The downgrade's older release
 comes from a file index of pip's own find-links wheel when this machine has one. Like the
-newest-release tests, these run only when ``-m`` names ``release`` (tests/conftest.py).
+newest-release tests, these run only when ``-m`` names ``release`` (tests/conftest.py):
+.github/workflows/newest-torch.yml installs the CPU build of 2.13.0 and uv for them.
 """
 
 from __future__ import annotations
