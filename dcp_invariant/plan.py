@@ -799,23 +799,26 @@ def _other_releases(given: Sequence[str], installed: str) -> tuple[str, ...]:
     if isinstance(given, str) or not all(isinstance(r, str) for r in given):
         raise PlanError("--resume-with-torch: give releases as strings, e.g. 2.15.0")
     registered = runtimes.releases()
-    if given and installed not in registered:
-        raise PlanError(
-            f"--resume-with-torch needs a registered installed torch, not {installed or 'none'}"
-        )
     for release in given:
         if release not in registered:
             raise PlanError(
                 f"--resume-with-torch {fixture_inputs.shown_value(release, 40)}: not a registered "
                 f"release; give one of {', '.join(registered)}"
             )
+        if list(given).count(release) > 1:
+            raise PlanError(f"--resume-with-torch {release}: given twice; give each release once")
+    if given and installed not in registered:
+        raise PlanError(
+            "--resume-with-torch: the installed torch is not a registered release (or none is "
+            f"installed), and it saves what the other release loads: install one, e.g. "
+            f"{runtimes.install_command()}"
+        )
+    for release in given:
         if release == installed:
             raise PlanError(
                 f"--resume-with-torch {release}: that is the installed torch, whose resumes the "
                 "resume scenarios check; give another registered release"
             )
-        if list(given).count(release) > 1:
-            raise PlanError(f"--resume-with-torch {release}: given twice; give each release once")
     return tuple(sorted(given, key=runtimes.release_key))
 
 

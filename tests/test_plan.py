@@ -300,3 +300,43 @@ def test_a_recorded_plan_is_held_to_the_grammar_and_to_its_scenarios(
     edit(record)
     with pytest.raises(errors.PlanError, match=re.escape(message)):
         plan.plan_from_record(record)
+
+
+@pytest.mark.parametrize(
+    ("given", "installed", "says"),
+    [
+        (["2.15"], "2.13.0", "--resume-with-torch '2.15': not a registered release; give one of"),
+        (["2.15.0", "2.15.0"], "2.13.0", "--resume-with-torch 2.15.0: given twice"),
+        (["2.13.0"], "2.13.0", "--resume-with-torch 2.13.0: that is the installed torch"),
+        # No torch installed (or an unregistered one): said after the releases were checked.
+        (["2.15"], "", "--resume-with-torch '2.15': not a registered release"),
+        (["2.15.0"], "", "the installed torch is not a registered release (or none is installed)"),
+    ],
+)
+def test_resume_with_torch_takes_registered_releases_other_than_the_installed_one(
+    given: list[str], installed: str, says: str
+) -> None:
+    with pytest.raises(errors.PlanError, match=re.escape(says)):
+        plan.fixture_plan("m:f", resume_with_torch=given, torch_release=installed)
+
+
+def test_cross_release_scenarios_are_named_by_direction_and_recorded_with_both_releases() -> None:
+    the_plan = plan.fixture_plan(
+        "m:f", (1, 2), resume_with_torch=["2.15.0", "2.11.0"], torch_release="2.13.0"
+    )
+    across = [s for s in the_plan.scenarios if s.family == "cross_release"]
+    assert [(s.name, s.loading_release) for s in across] == [
+        ("downgrade_2.13.0_to_2.11.0_1", "2.11.0"),
+        ("downgrade_2.13.0_to_2.11.0_2", "2.11.0"),
+        ("upgrade_2.13.0_to_2.15.0_1", "2.15.0"),
+        ("upgrade_2.13.0_to_2.15.0_2", "2.15.0"),
+    ]
+    record = the_plan.to_record()
+    assert (record["resume_with_torch"], record["torch_release"]) == (
+        ["2.11.0", "2.15.0"],
+        "2.13.0",
+    )
+    assert plan.plan_from_record(record) == the_plan
+    assert "resume_with_torch" not in plan.fixture_plan("m:f").to_record()
+    with pytest.raises(errors.PlanError, match="sorted oldest first"):
+        plan.plan_from_record({**record, "resume_with_torch": ["2.15.0", "2.11.0"]})
