@@ -75,12 +75,12 @@ def _wind_down(space: Path, tmp_path: Path) -> None:
 @pytest.fixture
 def other_interpreter(tmp_path: Path) -> Iterator[pool.WorkerPool]:
     """Ranks as another environment's interpreter starts them (--resume-with-torch): here the
-    runner's own, with the tests' directory for their tasks."""
+    runner's own, with the tests' directory for their tasks; a deadline of 8 s."""
     tests = str(Path(__file__).resolve().parents[1])
     package = str(Path(pool.__file__).resolve().parents[2])
     with workspace.Workspace() as space:
         workers = pool.WorkerPool(
-            timeout=20, python=Path(sys.executable), search_path=[package, tests]
+            timeout=8, python=Path(sys.executable), search_path=[package, tests]
         )
         workers.start(space / "server")
         try:
@@ -101,27 +101,16 @@ def test_another_interpreters_ranks_keep_their_exit_status(
 
 @pytest.mark.skipif(sys.platform == "win32", reason="forks a child")
 def test_a_hung_rank_of_another_interpreter_is_killed_at_its_deadline_whatever_its_child_holds(
-    tmp_path: Path,
+    other_interpreter: pool.WorkerPool, tmp_path: Path
 ) -> None:
     """The rank's child holds every descriptor the rank had: the wait for the rank's end must
     not wait for the child too (a pipe as sentinel would, forever)."""
     import time
 
-    tests = str(Path(__file__).resolve().parents[1])
-    package = str(Path(pool.__file__).resolve().parents[2])
-    with workspace.Workspace() as space:
-        workers = pool.WorkerPool(
-            timeout=8, python=Path(sys.executable), search_path=[package, tests]
-        )
-        workers.start(space / "server")
-        try:
-            started = time.monotonic()
-            outcome = workers.run_group(
-                Call("worker_tasks:hang_with_a_child", {}), 1, tmp_path, "hang"
-            )
-            took = time.monotonic() - started
-        finally:
-            workers.close()
+    started = time.monotonic()
+    hang = Call("worker_tasks:hang_with_a_child", {})
+    outcome = other_interpreter.run_group(hang, 1, tmp_path, "hang")
+    took = time.monotonic() - started
     assert outcome.timed_out
     assert outcome.exit_codes == [-9]
     assert took < 8 + 20, took  # the deadline, and the reaping after it

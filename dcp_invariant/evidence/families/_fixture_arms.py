@@ -27,6 +27,7 @@ from dcp_invariant.evidence.families._groups import (
     group_finished,
     stopped_at_non_finite_loss,
 )
+from dcp_invariant.evidence.families._promotion import committed
 from dcp_invariant.evidence.families._record_parts import (
     Obs,
     commit,
@@ -182,6 +183,18 @@ def fixture_arm(
                 f"and take {steps_after} more"
             )
     return reasons
+
+
+def source_committed(scenario: plan.Scenario, obs: Obs) -> tuple[list[str], bool]:
+    """A scenario whose source arm saved and committed (a reshard's, a cross-release one's):
+    the reasons so far, and whether the loading groups can be judged after them."""
+    n, a = obs["steps_before_save"], scenario.source_world_size
+    reasons = fixture_arm(obs["source"], a, n, obs["steps_after"], "source")
+    if reasons:
+        return reasons, False
+    if obs["commit"] is None:
+        return ["commit: did not run"], False
+    return committed(obs["commit"], scenario), True
 
 
 def never_saving_arm(

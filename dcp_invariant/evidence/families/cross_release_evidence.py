@@ -8,17 +8,16 @@ from dcp_invariant import plan, runtimes
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import optional, record, string
 from dcp_invariant.evidence.families._fixture_arms import (
-    fixture_arm,
     fixture_common_fields,
     fixture_resume_rank,
     fixture_sightings,
     fixture_train_rank,
     saved_by_rank,
+    source_committed,
 )
 from dcp_invariant.evidence.families._groups import first_non_finite_loss, group_finished
 from dcp_invariant.evidence.families._promotion import (
     commit_at_baseline,
-    committed,
     loaded_through_pointer,
 )
 from dcp_invariant.evidence.families._record_parts import Obs, always, group
@@ -41,7 +40,7 @@ _FIVE_FIELDS = "too many values to unpack (expected 5)"
 
 
 def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
-    n, k, w = obs["steps_before_save"], obs["steps_after"], scenario.source_world_size
+    n, w = obs["steps_before_save"], scenario.source_world_size
     b = scenario.loading_release
     if b is None:
         return ["the scenario names no release to load with: the record is not this plan's"]
@@ -55,14 +54,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             f"torch: saved by {saved_by} and loaded by {loaded_by}, not the releases "
             f"{scenario.name} names"
         ]
-    reasons = fixture_arm(obs["source"], w, n, k, "source")
-    if reasons:
+    reasons, judged = source_committed(scenario, obs)
+    if not judged:
         return reasons
-    commit = obs["commit"]
-    if commit is None:
-        return ["commit: did not run"]
-    reasons += committed(commit, scenario)
-    continued, target = obs["continued"], obs["target"]
+    commit, continued, target = obs["commit"], obs["continued"], obs["target"]
     if continued is None:
         return [*reasons, f"continued (torch {b}): did not run"]
     if target is None:

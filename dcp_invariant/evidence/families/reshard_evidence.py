@@ -11,17 +11,16 @@ from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import list_of, record, string
 from dcp_invariant.evidence.families._fixture_arms import (
     component,
-    fixture_arm,
     fixture_common_fields,
     fixture_sightings,
     fixture_train_rank,
     load_failures,
     saved_by_rank,
+    source_committed,
 )
 from dcp_invariant.evidence.families._groups import first_non_finite_loss, group_finished
 from dcp_invariant.evidence.families._promotion import (
     commit_at_baseline,
-    committed,
     loaded_through_pointer,
 )
 from dcp_invariant.evidence.families._record_parts import Obs, always, group
@@ -38,14 +37,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     source rank saved. Components declared rank-local (``left_out``, held to the plan by
     :func:`dcp_invariant.evidence.rules.derive`) are neither loaded nor compared: each target rank keeps its own."""
     n, a, b = obs["steps_before_save"], scenario.source_world_size, scenario.target_world_size
-    reasons = fixture_arm(obs["source"], a, n, obs["steps_after"], "source")
-    if reasons:
+    reasons, judged = source_committed(scenario, obs)
+    if not judged:
         return reasons
-    commit = obs["commit"]
-    if commit is None:
-        return ["commit: did not run"]
-    reasons += committed(commit, scenario)
-    target = obs["target"]
+    commit, target = obs["commit"], obs["target"]
     if target is None:
         return [*reasons, "target: did not run"]
     reasons += group_finished(target, b, "resharded group")
