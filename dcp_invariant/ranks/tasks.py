@@ -28,10 +28,11 @@ from dcp_invariant.commit import ReceiptMismatch
 from dcp_invariant.commit.store import CheckpointStore
 from dcp_invariant.ranks import checkpointing
 from dcp_invariant.ranks.digest import component_digests, value_digest
-from dcp_invariant.suite.fixture import Anchored, build_app
+from dcp_invariant.suite.fixture import Anchored, FixtureError, build_app, load_fixture
 from dcp_invariant.suite.scenarios.payloads import (
     DTensorLoad,
     DTensorSave,
+    FixtureImports,
     LoadAndStep,
     RuntimeVersions,
     TrainAndSave,
@@ -63,6 +64,17 @@ def runtime_versions(
     rank: int, world_size: int, payload: RuntimeVersions, report: Reporter
 ) -> None:
     report(imported_versions())
+
+
+def fixture_imports(rank: int, world_size: int, payload: FixtureImports, report: Reporter) -> None:
+    """The fixture resolves here (its module and what it imports), and the versions imported:
+    another release's ranks are probed so before any scenario (``--resume-with-torch``)."""
+    try:
+        load_fixture(payload["fixture"], payload["fixture_args"])
+    except FixtureError as exc:
+        report({"fixture_error": str(exc), **imported_versions()})
+        return
+    report({"fixture_error": None, **imported_versions()})
 
 
 def train_and_save(rank: int, world_size: int, payload: TrainAndSave, report: Reporter) -> None:

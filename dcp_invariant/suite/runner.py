@@ -155,16 +155,7 @@ def run_suite(
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
             for env in other_envs:
-                # What the other release's ranks import, not only what its interpreter does
-                # alone: a directory of the runner's import path could shadow it.
-                theirs = _probe(other_pools[env.release], workspace / f"probe-{env.release}")
-                if theirs["torch"] != env.torch:
-                    raise ReleaseEnvError(
-                        f"--resume-with-torch {env.release}: its ranks import torch "
-                        f"{theirs['torch']}, not the environment's {env.torch}: a directory on "
-                        "your import path (PYTHONPATH, a .pth file) holds another torch; run "
-                        "without it"
-                    )
+                _probe_release(other_pools[env.release], workspace, env, fixture, run_plan)
             if run_plan.kind == "fixture":
                 found = _probe_fixture(pool, workspace / "fixture-probe", fixture, run_plan)
                 # The probe found who saves the app: an app with its own save() and load() has
@@ -383,6 +374,36 @@ def _refuse_environment_failures(ctx: ScenarioContext) -> None:
                 f"a worker failed with {match.group(2)} in the run's workspace under "
                 f"{tempfile.gettempdir()}: free space there or point TMPDIR at another directory"
             )
+
+
+def _probe_release(
+    pool: WorkerPool,
+    workspace: Path,
+    env: release_env.ReleaseEnv,
+    fixture: str,
+    run_plan: plan.Plan,
+) -> None:
+    """What the other release's ranks import, not only its interpreter alone (a directory of
+    the runner's import path could shadow its torch), and that the fixture resolves there: its
+    environment holds torch, NumPy and this package, and nothing else the fixture may need."""
+    workdir = workspace / f"probe-{env.release}"
+    workdir.mkdir()
+    payload: payloads.FixtureImports = {"fixture": fixture, "fixture_args": run_plan.arguments}
+    outcome = pool.run_group(payloads.FIXTURE_IMPORTS(payload), 1, workdir, "probe")
+    if not outcome.ok or not outcome.results:
+        raise WorkerStartError(outcome.exit_codes, outcome.log_tail())
+    theirs = outcome.results[0]
+    if theirs["fixture_error"] is not None:
+        raise ReleaseEnvError(
+            f"--resume-with-torch {env.release}: in torch {env.release}'s environment (torch, "
+            f"NumPy and dcp-invariant only), {theirs['fixture_error']}"
+        )
+    if theirs["torch"] != env.torch:
+        raise ReleaseEnvError(
+            f"--resume-with-torch {env.release}: its ranks import torch {theirs['torch']}, not "
+            f"the environment's {env.torch}: a directory on your import path (PYTHONPATH, a "
+            ".pth file) holds another torch; run without it"
+        )
 
 
 def _probe(pool: WorkerPool, workdir: Path) -> dict[str, str]:

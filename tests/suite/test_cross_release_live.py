@@ -141,3 +141,22 @@ def test_a_key_renamed_between_releases_fails_the_upgrade_for_its_cause(
     ), done.stdout[-3000:]
     report = verify_artifact(out)
     assert [n for n, r in report.results.items() if r["verdict"] != "pass"] == [name]
+
+
+@pytest.mark.skipif(
+    INSTALLED in ("", NEWEST), reason="needs an installed release older than the newest"
+)
+def test_a_fixture_that_does_not_import_in_the_other_environment_is_refused_up_front(
+    cache: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "evidence"
+    index = os.environ.get(other_release.TORCH_INDEX_ENV)
+    fixture = "release_needs_pytest:fixture"
+    done = run(sys.executable, out, cache, NEWEST, index, fixture, REPO / "tests")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(
+        f"dcp-invariant: error: --resume-with-torch {NEWEST}: in torch {NEWEST}'s"
+    )
+    assert "No module named 'pytest'" in line
+    assert not out.exists() and done.stdout == ""

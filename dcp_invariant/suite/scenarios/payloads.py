@@ -24,6 +24,13 @@ class RuntimeVersions(TypedDict):
     """The probe of torch's and NumPy's versions needs nothing."""
 
 
+class FixtureImports(TypedDict):
+    """Another release's probe: the fixture resolves there, and which torch the ranks import."""
+
+    fixture: str
+    fixture_args: dict[str, Any]
+
+
 class Crash(TypedDict):
     """The rank that dies in the middle of a save, after writing its shard, and its exit code."""
 
@@ -178,6 +185,7 @@ class Task(Generic[P]):
 _TASKS: Final = "dcp_invariant.ranks.tasks"
 _FIXTURE_TASKS: Final = "dcp_invariant.ranks.fixture_tasks"
 RUNTIME_VERSIONS: Final = Task(f"{_TASKS}:runtime_versions", RuntimeVersions)
+FIXTURE_IMPORTS: Final = Task(f"{_TASKS}:fixture_imports", FixtureImports)
 TRAIN_AND_SAVE: Final = Task(f"{_TASKS}:train_and_save", TrainAndSave)
 LOAD_AND_STEP: Final = Task(f"{_TASKS}:load_and_step", LoadAndStep)
 DTENSOR_SAVE: Final = Task(f"{_TASKS}:dtensor_save", DTensorSave)
@@ -191,6 +199,7 @@ FIXTURE_LOAD_CUT: Final = Task(f"{_FIXTURE_TASKS}:fixture_load_cut", FixtureLoad
 # ran one of those attempted a load (:meth:`.common.ScenarioContext.load_attempted`).
 TASKS: Final = (
     RUNTIME_VERSIONS,
+    FIXTURE_IMPORTS,
     TRAIN_AND_SAVE,
     LOAD_AND_STEP,
     DTENSOR_SAVE,
