@@ -808,10 +808,11 @@ def _other_releases(given: Sequence[str], installed: str) -> tuple[str, ...]:
         if list(given).count(release) > 1:
             raise PlanError(f"--resume-with-torch {release}: given twice; give each release once")
     if given and installed not in registered:
+        other = next((r for r in reversed(registered) if r not in given), registered[-1])
         raise PlanError(
             "--resume-with-torch: the installed torch is not a registered release (or none is "
             f"installed), and it saves what the other release loads: install one, e.g. "
-            f"{runtimes.install_command()}"
+            f"{runtimes.install_command(other)}"
         )
     for release in given:
         if release == installed:

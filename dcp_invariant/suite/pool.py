@@ -358,6 +358,20 @@ class _Standbys:
             self._standby.append(_Standby(proc, job_writer, ready_reader))
 
 
+def _pidfd_works() -> bool:
+    """Whether this kernel gives pidfds (Linux 5.3; a seccomp profile may refuse the call)."""
+    if sys.platform != "linux":
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+_PIDFD = _pidfd_works()
+
+
 class _FreshProcess:
     """A rank started as ``python -m dcp_invariant.suite.fresh_interpreter``, with the members
     :func:`_wait` and :meth:`WorkerPool.run_group` read of a ``multiprocessing.Process``."""
@@ -365,8 +379,7 @@ class _FreshProcess:
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
         # POSIX without pidfds: a pipe whose write end only the child holds, readable once it
         # has ended, as multiprocessing's own sentinel (multiprocessing/popen_fork.py).
-        pidfd = sys.platform == "linux" and hasattr(os, "pidfd_open")  # Linux 5.3, Python 3.9
-        use_pipe = sys.platform != "win32" and not pidfd
+        use_pipe = sys.platform != "win32" and not _PIDFD
         read_end, write_end = os.pipe() if use_pipe else (-1, -1)
         try:
             self._proc = subprocess.Popen(
@@ -386,10 +399,15 @@ class _FreshProcess:
         fd = read_end
         if sys.platform == "win32":  # the process handle is waitable itself
             self.sentinel: int = int(self._proc._handle)  # type: ignore[attr-defined]
-        elif sys.platform == "linux" and pidfd:
+        elif sys.platform == "linux" and _PIDFD:
             # Linux: readable when the process itself ends, whatever its own children (a
             # DataLoader's forked workers) still hold open: a pipe would wait for them too.
-            fd = self.sentinel = os.pidfd_open(self.pid)
+            try:
+                fd = self.sentinel = os.pidfd_open(self.pid)
+            except BaseException:
+                self._proc.kill()  # started, and nothing could wait for it: not left running
+                self._proc.wait()
+                raise
         else:
             self.sentinel = read_end
         # Closed by close(), or when the object goes (a group cut short by an interrupt).
@@ -441,7 +459,14 @@ class _Interpreters:
             with worker.interrupts_held():
                 for job in jobs:
                     fields = {**job.__dict__, "payload": dict(job.payload)}
-                    command = [str(self._python), "-m", "dcp_invariant.suite.fresh_interpreter"]
+                    # -P: no current directory ahead of PYTHONPATH, whose first entry is this
+                    # package's copy (the search path adds the directory where it is safe).
+                    command = [
+                        str(self._python),
+                        "-P",
+                        "-m",
+                        "dcp_invariant.suite.fresh_interpreter",
+                    ]
                     procs.append(_FreshProcess([*command, json.dumps(fields)], env))
         except BaseException:
             for proc in procs:  # a group starts whole or not at all

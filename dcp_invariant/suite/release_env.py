@@ -10,6 +10,7 @@ scenario runs, and leaves no half-made environment.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -52,6 +53,11 @@ class ReleaseEnv:
     distribution: str  # importlib.metadata.version("torch") there
     torch: str  # torch.__version__ there
     package_path: Path
+    directory: Path  # the environment's own directory under the cache
+
+    def forget(self) -> None:
+        """Have the next run make it afresh: it was found broken after it was made."""
+        (self.directory / other_release.MARKER).unlink(missing_ok=True)
 
 
 def find_uv(environ: dict[str, str] | None = None) -> str:
@@ -134,13 +140,14 @@ def ensure(
     except StoreError as exc:  # the lock file itself cannot be used
         raise ReleaseEnvError(f"the cache directory {cache}: {exc}") from exc
     except OSError as exc:
+        fix = "free space there, or" if exc.errno == errno.ENOSPC else "fix it, or"
         raise ReleaseEnvError(
             f"the cache directory {cache}: {exc.strerror or exc} ({exc.filename or 'no file'}): "
-            f"free space there, or pass --cache-dir DIR (or set {other_release.CACHE_ENV})"
+            f"{fix} pass --cache-dir DIR (or set {other_release.CACHE_ENV})"
         ) from exc
     python = Path(other_release.env_python(env_dir, sys.platform))
     return ReleaseEnv(
-        recipe.release, python, str(made["distribution"]), str(made["torch"]), package_path
+        recipe.release, python, str(made["distribution"]), str(made["torch"]), package_path, env_dir
     )
 
 

@@ -154,13 +154,14 @@ def run_suite(
                 guardian.remove_if_killed(space.socket_holder)
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
-            for env in other_envs:
-                _probe_release(other_pools[env.release], workspace, env, fixture, run_plan)
             if run_plan.kind == "fixture":
                 found = _probe_fixture(pool, workspace / "fixture-probe", fixture, run_plan)
                 # The probe found who saves the app: an app with its own save() and load() has
                 # scenarios of its own (plan.fixture_plan).
                 run_plan = run_plan.checkpointed_by(found)
+            # After the fixture's own probe: a fault of the fixture is not blamed on B.
+            for env in other_envs:
+                _probe_release(other_pools[env.release], workspace, env, fixture, run_plan)
             names = run_plan.names if names is None else names
             # The longest scenarios first, so they overlap the rest: the torchrun job, then
             # async_save's process mode (each rank starts a checkpoint process of its own).
@@ -391,7 +392,14 @@ def _probe_release(
     payload: payloads.FixtureImports = {"fixture": fixture, "fixture_args": run_plan.arguments}
     outcome = pool.run_group(payloads.FIXTURE_IMPORTS(payload), 1, workdir, "probe")
     if not outcome.ok or not outcome.results:
-        raise WorkerStartError(outcome.exit_codes, outcome.log_tail())
+        env.forget()
+        errors = re.findall(r"^([\w.]*(?:Error|Exception)\b.*)$", outcome.log_tail(), re.M)
+        said = f": {errors[-1][:200]}" if errors else ""
+        why = "timed out" if outcome.timed_out else f"exited {outcome.exit_codes}{said}"
+        raise ReleaseEnvError(
+            f"--resume-with-torch {env.release}: a rank in torch {env.release}'s environment "
+            f"({env.directory}) {why}; it is made afresh on the next run"
+        )
     theirs = outcome.results[0]
     if theirs["fixture_error"] is not None:
         raise ReleaseEnvError(

@@ -89,9 +89,14 @@ def other_interpreter(tmp_path: Path) -> Iterator[pool.WorkerPool]:
             workers.close()
 
 
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "pipe"])
 def test_another_interpreters_ranks_keep_their_exit_status(
-    other_interpreter: pool.WorkerPool, tmp_path: Path
+    other_interpreter: pool.WorkerPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pidfd: bool
 ) -> None:
+    """With a pidfd where the kernel gives one, and with the pipe used where it does not."""
+    if pidfd and not pool._PIDFD:
+        pytest.skip("this kernel gives no pidfd")
+    monkeypatch.setattr(pool, "_PIDFD", pidfd)
     outcome = other_interpreter.run_group(
         Call("worker_tasks:exit_with", {"code": 7}), 2, tmp_path, "exit"
     )

@@ -66,7 +66,7 @@ def test_the_first_run_makes_the_environment_and_the_second_reuses_it(
     package = Path(release_env.__file__).resolve().parents[1]
     home = cache / "packages" / release_env.package_digest(package)
     assert made == release_env.ReleaseEnv(
-        "2.15.0", env_dir / "bin/python", "2.15.0", "2.15.0+cu132", home
+        "2.15.0", env_dir / "bin/python", "2.15.0", "2.15.0+cu132", home, env_dir
     )
     venv, install = calls(fake_uv)
     assert venv.startswith("venv --no-config --quiet --python ")
@@ -94,6 +94,15 @@ def test_another_copy_of_the_package_gets_its_own_directory_without_reinstalling
     assert (second / "dcp_invariant" / "__init__.py").is_file()
     assert len(calls(fake_uv)) == 2  # the environment itself was reused
     assert not [p for p in (cache / "packages").iterdir() if p.name.startswith(".partial-")]
+
+
+def test_an_environment_found_broken_is_made_again_on_the_next_run(
+    fake_uv: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    release_env.ensure(RECIPE, cache).forget()  # as the runner does when its ranks cannot start
+    release_env.ensure(RECIPE, cache)
+    assert len(calls(fake_uv)) == 4
 
 
 def test_a_build_that_was_killed_is_made_again(fake_uv: Path, tmp_path: Path) -> None:
