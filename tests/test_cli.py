@@ -6,7 +6,6 @@ validation regression fails fast instead of launching eleven scenarios.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 from artifact_data import Observations, Rebuild
 
-from dcp_invariant import cli, errors, fixture_inputs, plan
+from dcp_invariant import cli, errors, fixture_inputs, plan, runtimes
 from dcp_invariant.evidence import schema
 from dcp_invariant.evidence.verify import verify_artifact
 
@@ -421,13 +420,6 @@ sys.exit(cli.main(["run", "--output-dir", sys.argv[1], "--source-revision", "a" 
 """
 
 
-def _installed_torch() -> str | None:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 @pytest.mark.parametrize(
     ("runtimes_value", "registered"),
     [
@@ -460,7 +452,7 @@ def test_run_refuses_an_unregistered_runtime(
     assert len(lines) == 1, done.stderr
     line = lines[0]
     assert line.startswith("dcp-invariant: error: ")
-    installed = _installed_torch()
+    installed = runtimes.installed_distribution()
     if installed is None:
         assert "torch is not installed" in line
     else:

@@ -257,19 +257,30 @@ def nondeterminism(where: str, first: Mapping[str, Any], second: Mapping[str, An
             before[-1] = (before[-1][0], arm["saved"] or {})
         return before + [(s["loss"], s["keys"]) for s in arm["steps"]]
 
+    found = parting(steps(first), steps(second))
+    if found is None:
+        return []
+    index, what = found
+    return [
+        f"{NONDETERMINISTIC}: {where}: two uninterrupted runs differ at step {index} in {what}; the "
+        "resume cannot be judged: seed every generator, draw no unseeded random numbers, "
+        "keep the thread count fixed"
+    ]
+
+
+def parting(
+    first: Sequence[tuple[str, Keys]], second: Sequence[tuple[str, Keys]]
+) -> tuple[int, str] | None:
+    """The first step (from 1) at which two runs' ``(loss, keys)`` differ, and in what; None
+    where every step both took agrees."""
     for index, ((loss_a, keys_a), (loss_b, keys_b)) in enumerate(
-        zip(steps(first), steps(second), strict=False), start=1
+        zip(first, second, strict=False), start=1
     ):
         keys = differing_keys(keys_a, keys_b)
         if loss_a == loss_b and not keys:
             continue
-        what = named(keys) if keys else f"the loss ({number(loss_a)} vs {number(loss_b)})"
-        return [
-            f"{NONDETERMINISTIC}: {where}: two uninterrupted runs differ at step {index} in {what}; the "
-            "resume cannot be judged: seed every generator, draw no unseeded random numbers, "
-            "keep the thread count fixed"
-        ]
-    return []
+        return index, named(keys) if keys else f"the loss ({number(loss_a)} vs {number(loss_b)})"
+    return None
 
 
 def save_changed_training(

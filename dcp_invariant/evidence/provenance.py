@@ -64,11 +64,11 @@ _PLAN_FIELDS: dict[str, checks.Check] = {
 # Recorded only for an app that saves itself (plan.Plan.to_record), so that a DCP run's
 # provenance reads as before.
 _OWN_CHECKPOINTING = {key: checks.one_of(value) for key, value in plan.OWN_CHECKPOINTING.items()}
-# Recorded only when given: --ignore-attr's paths, and --resume-with-torch's releases with the
-# installed one they resume what it saved.
+# Recorded only when given: --ignore-attr's paths, and (a run on this machine's pool only)
+# --resume-with-torch's releases with the installed one whose save they resume.
+_OMISSIBLE_IN_JOB = {**_OWN_CHECKPOINTING, "ignored_attrs": checks.list_of(checks.string, 256)}
 _OMISSIBLE = {
-    **_OWN_CHECKPOINTING,
-    "ignored_attrs": checks.list_of(checks.string, 256),
+    **_OMISSIBLE_IN_JOB,
     "resume_with_torch": checks.list_of(checks.string, 16),
     "torch_release": checks.string,
 }
@@ -82,7 +82,7 @@ FIXTURE_SHAPE = checks.record(
 IN_JOB_SHAPE = checks.record(
     **_FIELDS,
     plan=checks.record_omitting(
-        {k: v for k, v in _OMISSIBLE.items() if k not in ("resume_with_torch", "torch_release")},
+        _OMISSIBLE_IN_JOB,
         **_PLAN_FIELDS,
         launch=checks.record(
             backend=checks.one_of(*plan.BACKENDS),

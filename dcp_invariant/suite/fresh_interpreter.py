@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     try:
         worker.start_in_workspace(job)
     except SystemExit as exc:  # the task failed: worker.run printed the user's frames
-        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        return worker.exit_status(exc.code)
     return 0
 
 

@@ -441,10 +441,9 @@ class _Interpreters:
     def __init__(self, python: Path, search_path: list[str]) -> None:
         self._python = python
         self._search_path = search_path
-        self._home: Path | None = None
 
     def start(self, workdir: Path) -> None:
-        self._home = workdir
+        pass  # each rank is started when its group is: nothing to start ahead
 
     def launch(self, jobs: list[worker.Job]) -> list[Any]:
         # The environment's own interpreter and paths; the user's other settings (their

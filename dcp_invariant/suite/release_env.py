@@ -118,15 +118,9 @@ def ensure(
 ) -> ReleaseEnv:
     """The complete environment of ``recipe`` under ``cache``: reused, or made now."""
     envs = cache / "torch"
-    try:
-        envs.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReleaseEnvError(
-            f"the cache directory {cache}: {exc.strerror or exc}: pass --cache-dir DIR (or set "
-            f"{other_release.CACHE_ENV}) to a directory you can write"
-        ) from exc
     env_dir = envs / recipe.name
     try:
+        envs.mkdir(parents=True, exist_ok=True)
         with exclusive(envs / f"{recipe.name}.lock", timeout):
             made = _read_marker(env_dir)
             if made is None:

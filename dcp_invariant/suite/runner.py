@@ -71,7 +71,7 @@ class WorkerStartError(BadInput, RuntimeError):
         self.logs = self.details = logs  # --debug prints the worker's log
         missing = re.findall(r"No module named '([^']+)'", logs)
         codes = f" (exit codes {exit_codes})" if exit_codes else ""
-        errors = re.findall(r"^([\w.]*(?:Error|Exception)\b.*)$", logs, re.M)
+        errors = _error_lines(logs)
         # An installation that is broken fails an import, or loading a shared library.
         broken = not errors or re.match(r"(?:\w+\.)*(?:ImportError|OSError)\b", errors[-1])
         if missing or broken:
@@ -80,7 +80,7 @@ class WorkerStartError(BadInput, RuntimeError):
             )
             fix = (
                 f"reinstall torch as its CPU wheel "
-                f"({runtimes.install_command(installed_torch() or '').replace('+cpu', '')}) and "
+                f"({runtimes.install_command(runtimes.installed_distribution() or '').replace('+cpu', '')}) and "
                 "numpy"
             )
         else:
@@ -97,8 +97,9 @@ def _cache(given: Path | None) -> Path:
     )
 
 
-def installed_torch() -> str | None:
-    return runtimes.installed_distribution()
+def _error_lines(logs: str) -> list[str]:
+    """The lines of worker logs that name a raised error, as a traceback ends."""
+    return re.findall(r"^([\w.]*(?:Error|Exception)\b.*)$", logs, re.M)
 
 
 def run_suite(
@@ -122,7 +123,7 @@ def run_suite(
     Raises UnsupportedRuntime, WorkerStartError, FixtureProblem or ReleaseEnvError before any
     scenario.
     """
-    distribution = installed_torch()
+    distribution = runtimes.installed_distribution()
     runtimes.require(distribution)
     assert distribution is not None
     # Before anything runs: a release that cannot be installed is one line and exit 2.
@@ -145,6 +146,7 @@ def run_suite(
             )
             for env in other_envs
         }
+        pools = (pool, *other_pools.values())
         try:
             pool.start(workspace / "server")
             for release, other in other_pools.items():
@@ -222,12 +224,12 @@ def run_suite(
                     _results([executor.submit(one, name) for name in order])
                 except BaseException:
                     # An interrupt, or one scenario's bug: stop the others now, not after them.
-                    for each in (pool, *other_pools.values()):
+                    for each in pools:
                         each.cancel()
                     executor.shutdown(wait=True, cancel_futures=True)
                     raise
         except BaseException:
-            for each in (pool, *other_pools.values()):
+            for each in pools:
                 each.cancel()
             raise
         finally:
@@ -240,7 +242,7 @@ def run_suite(
                 guardian.sweep()  # a signal cut the sweep short; the next one is ignored
                 raise
             finally:
-                for each in (pool, *other_pools.values()):
+                for each in pools:
                     each.close()
     return SuiteRun(
         run_plan=run_plan,
@@ -393,7 +395,7 @@ def _probe_release(
     outcome = pool.run_group(payloads.FIXTURE_IMPORTS(payload), 1, workdir, "probe")
     if not outcome.ok or not outcome.results:
         env.forget()
-        errors = re.findall(r"^([\w.]*(?:Error|Exception)\b.*)$", outcome.log_tail(), re.M)
+        errors = _error_lines(outcome.log_tail())
         said = f": {errors[-1][:200]}" if errors else ""
         why = "timed out" if outcome.timed_out else f"exited {outcome.exit_codes}{said}"
         raise ReleaseEnvError(

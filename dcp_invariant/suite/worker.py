@@ -263,7 +263,7 @@ def standby(
     try:
         start_in_workspace(job)
     except SystemExit as exc:
-        status.code = _exit_status(exc.code)
+        status.code = exit_status(exc.code)
         raise
     status.code = 0
 
@@ -324,7 +324,7 @@ def exit_without_teardown(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _exit_status(code: object) -> int:
+def exit_status(code: object) -> int:
     """The status ``multiprocessing``'s ``Process._bootstrap`` gives a ``SystemExit(code)``."""
     if code is None:
         return 0

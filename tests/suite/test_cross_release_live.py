@@ -25,16 +25,18 @@ from local_torch_index import local_wheels
 from dcp_invariant import other_release, runtimes
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.verify import verify_artifact
-from dcp_invariant.suite.runner import installed_torch
 
 pytestmark = [pytest.mark.live, pytest.mark.release]
 
 REPO = Path(__file__).resolve().parents[2]
 NEWEST = runtimes.releases()[-1]
-INSTALLED = runtimes.release_of(installed_torch() or "", sys.platform)
+INSTALLED = runtimes.installed_release()
 RUN_TIMEOUT = 1800  # the first run installs the newest release
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 FIXTURE = "examples.mlp_fixture:fixture"
+NEEDS_AN_OLDER_RELEASE = pytest.mark.skipif(
+    INSTALLED in ("", NEWEST), reason="needs an installed release older than the newest"
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +68,13 @@ def run(
     )  # fmt: skip
 
 
+def failed(out: Path) -> list[str]:
+    """The scenarios ``verify`` fails in a valid artifact."""
+    report = verify_artifact(out)
+    assert report.valid, report.problems
+    return [n for n, r in report.results.items() if r["verdict"] != "pass"]
+
+
 def newest_python(cache: Path) -> str:
     (env_dir,) = [
         p for p in (cache / "torch").iterdir() if p.is_dir() and f"torch-{NEWEST}-" in p.name
@@ -85,9 +94,7 @@ def file_index(tmp_path: Path, release: str) -> str | None:
     return (tmp_path / "index").as_uri()
 
 
-@pytest.mark.skipif(
-    INSTALLED in ("", NEWEST), reason="needs an installed release older than the newest"
-)
+@NEEDS_AN_OLDER_RELEASE
 def test_an_upgrade_to_the_newest_release_resumes_exactly(cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "evidence"
     done = run(sys.executable, out, cache, NEWEST, os.environ.get(other_release.TORCH_INDEX_ENV))
@@ -98,9 +105,7 @@ def test_an_upgrade_to_the_newest_release_resumes_exactly(cache: Path, tmp_path:
     assert report.valid and report.passed, report.problems
 
 
-@pytest.mark.skipif(
-    INSTALLED in ("", NEWEST), reason="needs an installed release older than the newest"
-)
+@NEEDS_AN_OLDER_RELEASE
 def test_a_downgrade_from_the_newest_release_fails_for_its_cause(
     cache: Path, tmp_path: Path
 ) -> None:
@@ -114,14 +119,10 @@ def test_a_downgrade_from_the_newest_release_fails_for_its_cause(
     assert f"- {diagnosis.DOES_NOT_LOAD_ON_OTHER}: torch {INSTALLED}" in done.stdout
     assert "too many values to unpack (expected 5)" in done.stdout
     assert "sixth field (strides)" in done.stdout
-    report = verify_artifact(out)
-    assert report.valid and not report.passed
-    assert [n for n, r in report.results.items() if r["verdict"] != "pass"] == [name]
+    assert failed(out) == [name]
 
 
-@pytest.mark.skipif(
-    INSTALLED in ("", NEWEST), reason="needs an installed release older than the newest"
-)
+@NEEDS_AN_OLDER_RELEASE
 def test_a_key_renamed_between_releases_fails_the_upgrade_for_its_cause(
     cache: Path, tmp_path: Path
 ) -> None:
@@ -139,13 +140,10 @@ def test_a_key_renamed_between_releases_fails_the_upgrade_for_its_cause(
         f"- {diagnosis.DOES_NOT_LOAD_ON_OTHER}: torch {NEWEST}" in done.stdout
         and "the checkpoint has no app.net." in done.stdout
     ), done.stdout[-3000:]
-    report = verify_artifact(out)
-    assert [n for n, r in report.results.items() if r["verdict"] != "pass"] == [name]
+    assert failed(out) == [name]
 
 
-@pytest.mark.skipif(
-    INSTALLED in ("", NEWEST), reason="needs an installed release older than the newest"
-)
+@NEEDS_AN_OLDER_RELEASE
 def test_a_fixture_that_does_not_import_in_the_other_environment_is_refused_up_front(
     cache: Path, tmp_path: Path
 ) -> None:

@@ -149,15 +149,11 @@ def _said(error: Obs) -> str:
 def _parted(where: str, continued: list[Obs], resumed: list[Obs], loaded_by: str) -> list[str]:
     """Where the resume parts from the other release's own continuation, if it does: both ran
     that release, from the same checkpoint, so only a loop that does not repeat itself parts."""
-    for index, (mine, theirs) in enumerate(zip(resumed, continued, strict=False), start=1):
-        keys = diagnosis.differing_keys(theirs["keys"], mine["keys"])
-        if mine["loss"] == theirs["loss"] and not keys:
-            continue
-        what = (
-            diagnosis.named(keys)
-            if keys
-            else f"the loss ({diagnosis.number(theirs['loss'])} vs {diagnosis.number(mine['loss'])})"
-        )
+    found = diagnosis.parting(
+        [(s["loss"], s["keys"]) for s in continued], [(s["loss"], s["keys"]) for s in resumed]
+    )
+    if found is not None:
+        index, what = found
         return [
             f"{diagnosis.NONDETERMINISTIC}: {where}: two resumes on torch {loaded_by} from the "
             f"same checkpoint differ at resumed step {index} in {what}; the resume cannot be "

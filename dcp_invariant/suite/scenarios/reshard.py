@@ -80,8 +80,8 @@ def reference_arm(ctx: ScenarioContext, payload: FixtureTrain) -> GroupOutcome:
 
     A synchronous one (``payload`` without an async mode) is the same in ``resume_<a>``, every
     ``reshard_<a>_to_<b>``, ``half_written_<a>`` and every cross-release scenario at a: where
-    more than one of them is planned the pool runs it once (:mod:`.shared_groups`), and each scenario gets a copy of its store
-    and of its snapshots.
+    more than one of them is planned the pool runs it once (:mod:`.shared_groups`), and each
+    scenario gets a copy of its store and of its snapshots.
     """
     a = ctx.scenario.source_world_size
     shared = "async_mode" not in payload and any(
