@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict_saver import (
     AsyncSaveResponse,
     async_save,
 )
+from torch.distributed.distributed_c10d import _set_pg_timeout
 
 from dcp_invariant.plan import AppShape
 from dcp_invariant.ranks import app_objects, checkpointing, digest, state_keys
@@ -321,15 +322,8 @@ def _save_while_stepping(
     spec: str, app: Any, payload: FixtureTrain, record: dict[str, Any], rank: int, mode: str
 ) -> dict[str, Any]:
     """async_save, step N+1 while the write waits at the gate, then let it finish."""
-    # Checkpoint collectives run in DCP's background thread: on the training group they could
-    # interleave with the step's all-reduces, so they get a group of their own (as torchtitan's
-    # async checkpointing does). With the run's timeout: new_group's default is 30 minutes
-    # (default_pg_timeout, torch/distributed/distributed_c10d.py), and a rank whose peer was
-    # lost (an in-job node gone) waited that long in its Gloo connect before failing.
     timeout = float(payload["timeout"])
-    group = dist.new_group(
-        backend="gloo", pg_options=loopback_gloo_options(), timeout=timedelta(seconds=timeout)
-    )
+    group = _checkpoint_group(timeout)
     # In the scenario's workspace, which exists already: the checkpoint's directory is made by
     # the write, in the background thread, and may not exist yet when the gate opens.
     gate = Path(f"{Path(payload['checkpoint']).name}.gate-rank{rank}")
@@ -378,6 +372,36 @@ def _save_while_stepping(
         staging.close()
     dist.destroy_process_group(group)
     return {"pending_during_step": pending, "staged_first": staged_first, "upload_error": error}
+
+
+# Gloo waits this many times a group's timeout for a pair's first connection (Pair::waitUntil,
+# gloo/transport/tcp/pair.h: "Use a longer timeout when waiting for initial connect").
+_GLOO_CONNECT_FACTOR = 5
+
+
+def _checkpoint_group(timeout: float) -> dist.ProcessGroup:
+    """A Gloo group of its own for the checkpoint's collectives, which run in DCP's background
+    thread: on the training group they could interleave with the step's all-reduces (torchtitan's
+    async checkpointing gives them a group too). A rank whose peer is lost while it is made
+    fails within ``timeout``.
+
+    new_group's default timeout is 30 minutes (default_pg_timeout,
+    torch/distributed/distributed_c10d.py), and the side of a Gloo pair that listens for the
+    connection has no timeout of its own (``connectAsListener``, gloo/transport/tcp/device.cc):
+    it waits five times the group's. An in-job rank whose node was lost as the group connected
+    waited 316 s under ``--timeout 60`` (measured). So the ranks first meet on the training group, under the run's
+    timeout, and the group is made with a fifth of it, which then bounds only its store
+    exchange and connection (a few milliseconds once every rank is there). Its collectives get
+    the whole timeout back (``_set_pg_timeout``, as torchtitan's ``set_pg_timeouts`` does).
+    """
+    dist.barrier()
+    made_within = max(timeout / _GLOO_CONNECT_FACTOR, min(timeout, 5.0))
+    group = dist.new_group(
+        backend="gloo", pg_options=loopback_gloo_options(), timeout=timedelta(seconds=made_within)
+    )
+    assert group is not None  # every rank is a member
+    _set_pg_timeout(timedelta(seconds=timeout), group)
+    return group
 
 
 def _own_save_while_stepping(
