@@ -9,6 +9,7 @@ The module is self-contained: it imports nothing from the package or from ``exam
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import time
@@ -683,6 +684,20 @@ class NotAMapping:
 
 
 def correct(rank: int, world_size: int) -> Correct:
+    return Correct(rank, world_size)
+
+
+# How long rank 1 of ``slow_exit_on_rank_1`` takes to exit: past torchrun's next rendezvous.
+SLOW_EXIT_SECONDS = 4.0
+_slow_exit: list[bool] = []
+
+
+def slow_exit_on_rank_1(rank: int, world_size: int) -> Correct:
+    """A correct loop whose rank 1 takes seconds to exit, as a logger flushing at exit does (an
+    atexit handler): its node's workers end later than the others' after every attempt."""
+    if rank == 1 and not _slow_exit:
+        _slow_exit.append(True)
+        atexit.register(time.sleep, SLOW_EXIT_SECONDS)
     return Correct(rank, world_size)
 
 

@@ -192,6 +192,19 @@ def test_a_correct_loop_passes_in_a_two_node_job_of_four(tmp_path: Path) -> None
     assert_a_correct_job(job, nodes=2, nproc=2)
 
 
+def test_a_node_whose_workers_exit_slowly_restarts_with_the_others(tmp_path: Path) -> None:
+    """Where one node's workers are still alive when the other node's agent joins the next
+    rendezvous, torchrun restarts them as a membership change, which does not count as a
+    restart: they would see TORCHELASTIC_RESTART_COUNT 0 again. Rank 1's loop takes seconds to
+    exit (an atexit handler), so that order is certain unless the planned restart leaves
+    without finalizing, on every rank alike."""
+    with torchrun_job(
+        tmp_path, nodes=2, nproc=1, fixture="fixture_loops:slow_exit_on_rank_1"
+    ) as job:
+        assert job.wait() == [0, 0], job.log()
+    assert_a_correct_job(job, nodes=2, nproc=1)
+
+
 def test_a_second_launch_at_another_node_count_resumes_the_first(tmp_path: Path) -> None:
     # The first launch is the two-node job of one process each: a correct loop passes there.
     with torchrun_job(tmp_path, nodes=2, nproc=1, name="-first") as first:

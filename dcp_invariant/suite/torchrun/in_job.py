@@ -306,7 +306,16 @@ def _run(
             durable.replace_file(mine, canonical.dumps(on_rank.recorded))
             dist.barrier()  # every rank's records are on disk before any worker exits
     if recording:
-        return plan.ELASTIC_EXIT_CODE
+        # Every rank leaves right after that barrier, without finalizing torch (about 1.8 s,
+        # and not alike on every node). An agent whose workers are still alive when another
+        # node's agent joins the next rendezvous restarts them as a membership change, which
+        # "do[es] not count as retries" (SimpleElasticAgent._invoke_run,
+        # torch/distributed/elastic/agent/server/api.py): they would start again with
+        # TORCHELASTIC_RESTART_COUNT 0, find this attempt's directories and refuse them as an
+        # earlier run's (seen once in a loaded CI run).
+        from dcp_invariant.suite import worker
+
+        worker.exit_without_teardown(plan.ELASTIC_EXIT_CODE)
     verdict = [0]
     if job.rank == 0:
         verdict[0] = _write_artifact(observations, run_plan, options, *versions)
