@@ -590,6 +590,12 @@ def _interruptible() -> Iterator[None]:
 
 
 def _run_plan(args: argparse.Namespace, installed_release: str | None = None) -> plan.Plan:
+    if getattr(args, "cache_dir", None) is not None and not args.resume_with_torch:
+        # Nothing else reads it: a run that would ignore it is more likely a forgotten flag.
+        raise UsageError(
+            "--cache-dir goes with --resume-with-torch RELEASE (it holds the other releases' "
+            "environments): add that, or drop --cache-dir"
+        )
     if args.fixture is None:
         given = [
             flag

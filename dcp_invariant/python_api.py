@@ -125,6 +125,11 @@ def check(
         "a path or None",
         cache_dir is None or isinstance(cache_dir, (str, os.PathLike)),
     )
+    if cache_dir is not None and not releases:
+        raise CheckInputError(
+            "cache_dir goes with resume_with_torch (it holds the other releases' environments): "
+            "give resume_with_torch, or drop cache_dir"
+        )
     cache = None if cache_dir is None else Path(cache_dir)
     spec = fixture_spec(fixture)
     run = plan.fixture_plan(

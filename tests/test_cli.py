@@ -520,6 +520,8 @@ def test_console_script_lists_the_scenarios(tmp_path: Path) -> None:
         (["--fixture", "m:f", "--fixture-arg", "w=" + "[" * 100000], "nested too deeply"),
         (["--fixture", "m:f", "--rank-local", "a.b"], "--rank-local 'a.b'"),
         (["--ignore-attr", "app.ema"], "--ignore-attr go with --fixture"),
+        (["--cache-dir", "c"], "--cache-dir goes with --resume-with-torch RELEASE"),
+        (["--fixture", "m:f", "--cache-dir", "c"], "--cache-dir goes with --resume-with-torch"),
         (["--fixture", "m:f", "--ignore-attr", "ema"], "--ignore-attr 'ema': give an attribute"),
         (["--fixture", "m:f", "--ignore-attr", "app.a b"], "--ignore-attr 'app.a b'"),
         (

@@ -186,6 +186,11 @@ PATH = "output_dir must be a str or os.PathLike path, or None, got"
             "cache_dir must be a path or None, got int 5",
             id="cache_dir int",
         ),
+        pytest.param(
+            {"cache_dir": "cache"},
+            "cache_dir goes with resume_with_torch",
+            id="cache_dir without resume_with_torch",
+        ),
     ],
 )
 def test_an_argument_of_the_wrong_type_is_bad_input_naming_it(
