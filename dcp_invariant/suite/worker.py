@@ -96,6 +96,13 @@ def loopback_gloo_options() -> Any:
     ``loopback_0``). ``ProcessGroupGloo.create_device(hostname=...)`` binds an address instead
     (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp). None where this torch lacks the options
     type: GLOO_SOCKET_IFNAME from :func:`isolated_environment` then applies.
+
+    Read in torch 2.13.0 and 2.15.0: ``init_process_group`` and ``new_group`` do not pass
+    ``pg_options`` on to a Gloo backend (``_new_process_group_helper`` and
+    ``_create_gloo_process_group`` in torch/distributed/distributed_c10d.py build it from the
+    store, ranks and timeout alone), so there GLOO_SOCKET_IFNAME is what binds loopback, and on
+    Windows, which has no ``lo``, Gloo binds the host name's address. Kept for a torch that
+    passes them on; only a Windows run can show what Gloo binds there.
     """
     from torch._C._distributed_c10d import ProcessGroupGloo
 
