@@ -389,10 +389,12 @@ def _checkpoint_group(timeout: float) -> dist.ProcessGroup:
     torch/distributed/distributed_c10d.py), and the side of a Gloo pair that listens for the
     connection has no timeout of its own (``connectAsListener``, gloo/transport/tcp/device.cc):
     it waits five times the group's. An in-job rank whose node was lost as the group connected
-    waited 316 s under ``--timeout 60`` (measured). So the ranks first meet on the training group, under the run's
-    timeout, and the group is made with a fifth of it, which then bounds only its store
-    exchange and connection (a few milliseconds once every rank is there). Its collectives get
-    the whole timeout back (``_set_pg_timeout``, as torchtitan's ``set_pg_timeouts`` does).
+    waited 316 s under ``--timeout 60`` (measured). So the ranks first meet on the training
+    group, under the run's timeout, and the group is made with a fifth of it, which then bounds
+    only its store exchange and connection (a few milliseconds once every rank is there). Its
+    collectives get the whole timeout back (``_set_pg_timeout``, as torchtitan's
+    ``set_pg_timeouts`` does). ``pg_options`` is passed for a torch that hands it on to Gloo
+    (:func:`loopback_gloo_options`).
     """
     dist.barrier()
     made_within = max(timeout / _GLOO_CONNECT_FACTOR, min(timeout, 5.0))
