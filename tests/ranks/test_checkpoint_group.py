@@ -8,12 +8,15 @@ group is made can."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from dcp_invariant.suite.worker import loopback_interface
 
 pytestmark = pytest.mark.live
 
@@ -51,6 +54,9 @@ print("took", time.monotonic() - started, flush=True)
 
 def _ranks(tmp_path: Path, *, late: float, leave: bool) -> list[str]:
     store = tmp_path / "store"
+    # Gloo binds the interface this names (it does not take pg_options: worker.py says why).
+    interface = loopback_interface()
+    env = {**os.environ, **({"GLOO_SOCKET_IFNAME": interface} if interface else {})}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _RANK, str(rank), str(store), str(TIMEOUT), str(late), str(int(leave))],
@@ -58,6 +64,7 @@ def _ranks(tmp_path: Path, *, late: float, leave: bool) -> list[str]:
             stderr=subprocess.STDOUT,
             text=True,
             cwd=tmp_path,
+            env=env,
         )
         for rank in (0, 1)
     ]  # fmt: skip
