@@ -14,9 +14,10 @@ it is unit-tested without a network; :mod:`dcp_invariant.suite.release_env` runs
   configuration (``--no-config``: the user's ``pyproject.toml`` may route torch elsewhere). uv's
   ``--torch-backend cpu`` sends torch, and torch only, to PyTorch's CPU index
   (https://docs.astral.sh/uv/guides/integration/pytorch/); ``DCP_INVARIANT_TORCH_INDEX`` names
-  an index uv searches for torch before its default one (a mirror; ``uv pip install --index``:
-  what the index lacks, or an index that cannot be read, falls back to the default, and the
-  probe then says which build came). uv's own environment variables
+  an index uv searches before its default one (a mirror; ``uv pip install --index`` with uv's
+  default ``first-index`` strategy: a package the index does not serve at all, or an index that
+  cannot be read, falls back to the default, but an index that serves torch without the release
+  fails the install; the probe then says which build came). uv's own environment variables
   (``UV_INDEX_URL``, ``UV_CACHE_DIR``...) apply as they do to any uv command.
 """
 

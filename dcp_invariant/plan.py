@@ -679,6 +679,15 @@ def fixture_plan(
         if a != b
     ]
     if shape["checkpointing"] == "app":
+        if releases and not shape["has_state"]:
+            # The other release's resumes are held to each other, never to A's steps: without a
+            # state_dict() a load() on B that restores nothing would pass.
+            raise PlanError(
+                f"--resume-with-torch {releases[0]}: {fixture}'s app saves itself and has no "
+                "state_dict(), so what its load() restores on another torch release cannot be "
+                "compared with what it saved; give the app a state_dict(), or drop "
+                "--resume-with-torch"
+            )
         if local and not shape["reshards"]:
             raise PlanError(
                 f"--rank-local {local[0]}: this app saves itself and does not declare "

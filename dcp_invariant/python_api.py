@@ -119,18 +119,12 @@ def check(
     names = _names(rank_local)
     ignored = _names(ignore_attrs, "ignore_attrs")
     releases = _names(resume_with_torch, "resume_with_torch")
-    _require(
-        "cache_dir",
-        cache_dir,
-        "a path or None",
-        cache_dir is None or isinstance(cache_dir, (str, os.PathLike)),
-    )
-    if cache_dir is not None and not releases:
+    cache = _path_argument("cache_dir", cache_dir)
+    if cache is not None and not releases:
         raise CheckInputError(
             "cache_dir goes with resume_with_torch (it holds the other releases' environments): "
             "give resume_with_torch, or drop cache_dir"
         )
-    cache = None if cache_dir is None else Path(cache_dir)
     spec = fixture_spec(fixture)
     run = plan.fixture_plan(
         spec,
@@ -345,20 +339,22 @@ _WHAT = {
 
 
 def _output_dir(output_dir: str | os.PathLike[str] | None) -> Path | None:
-    if output_dir is None:
+    return _path_argument("output_dir", output_dir)
+
+
+def _path_argument(name: str, value: str | os.PathLike[str] | None) -> Path | None:
+    """A directory argument as a Path, or None; anything no file name can be is refused."""
+    if value is None:
         return None
     _require(
-        "output_dir",
-        output_dir,
-        "a str or os.PathLike path, or None",
-        isinstance(output_dir, (str, os.PathLike)),
+        name, value, "a str or os.PathLike path, or None", isinstance(value, (str, os.PathLike))
     )
-    path = os.fspath(output_dir)
-    _require("output_dir", output_dir, "a str path (not bytes)", isinstance(path, str))
+    path = os.fspath(value)
+    _require(name, value, "a str path (not bytes)", isinstance(path, str))
     if "\0" in path:
         raise CheckInputError(
-            f"output_dir {fixture_inputs.shown_value(path)} holds a NUL character, which no file name can: "
-            "pass the directory's real path"
+            f"{name} {fixture_inputs.shown_value(path)} holds a NUL character, which no file name "
+            "can: pass the directory's real path"
         )
     return Path(path)
 

@@ -340,3 +340,20 @@ def test_cross_release_scenarios_are_named_by_direction_and_recorded_with_both_r
     assert "resume_with_torch" not in plan.fixture_plan("m:f").to_record()
     with pytest.raises(errors.PlanError, match="sorted oldest first"):
         plan.plan_from_record({**record, "resume_with_torch": ["2.15.0", "2.11.0"]})
+
+
+def test_an_app_without_a_state_dict_is_not_resumed_on_another_release() -> None:
+    """Its resumes on the other release are held only to each other: a load() there that
+    restores nothing would pass, so the plan refuses it, naming the fix; with a state_dict()
+    the same app gets its cross-release scenarios."""
+    dcp = plan.fixture_plan("m:f", (1, 2), resume_with_torch=["2.15.0"], torch_release="2.13.0")
+    with pytest.raises(errors.PlanError) as caught:
+        dcp.checkpointed_by(plan.own_shape(has_state=False))
+    said = str(caught.value)
+    assert said.startswith("--resume-with-torch 2.15.0: m:f's app saves itself and has no"), said
+    assert "give the app a state_dict(), or drop --resume-with-torch" in said
+    own = dcp.checkpointed_by(plan.own_shape())
+    assert [s.name for s in own.scenarios if s.family == "cross_release"] == [
+        "upgrade_2.13.0_to_2.15.0_1",
+        "upgrade_2.13.0_to_2.15.0_2",
+    ]

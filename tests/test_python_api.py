@@ -183,8 +183,13 @@ PATH = "output_dir must be a str or os.PathLike path, or None, got"
         ),
         pytest.param(
             {"resume_with_torch": "2.15.0", "cache_dir": 5},
-            "cache_dir must be a path or None, got int 5",
+            "cache_dir must be a str or os.PathLike path, or None, got int 5",
             id="cache_dir int",
+        ),
+        pytest.param(
+            {"resume_with_torch": "2.15.0", "cache_dir": "a\0b"},
+            "cache_dir 'a\\x00b' holds a NUL character",
+            id="cache_dir NUL",
         ),
         pytest.param(
             {"cache_dir": "cache"},

@@ -55,9 +55,11 @@ class ReleaseEnv:
     package_path: Path
     directory: Path  # the environment's own directory under the cache
 
-    def forget(self) -> None:
-        """Have the next run make it afresh: it was found broken after it was made."""
-        (self.directory / other_release.MARKER).unlink(missing_ok=True)
+    def forget(self, timeout: float = INSTALL_TIMEOUT) -> None:
+        """Have the next run make it afresh: it was found broken after it was made. Under the
+        lock that ``ensure`` makes it under, so that no run is reading the marker meanwhile."""
+        with exclusive(self.directory.parent / f"{self.directory.name}.lock", timeout):
+            (self.directory / other_release.MARKER).unlink(missing_ok=True)
 
 
 def find_uv(environ: dict[str, str] | None = None) -> str:
@@ -121,7 +123,9 @@ def ensure(
     env_dir = envs / recipe.name
     try:
         envs.mkdir(parents=True, exist_ok=True)
-        with exclusive(envs / f"{recipe.name}.lock", timeout):
+        # Another run may be making it: wait as long as a whole build may take (uv venv, at
+        # most two installs, each under ``timeout``, then the probe).
+        with exclusive(envs / f"{recipe.name}.lock", 3 * timeout + PROBE_TIMEOUT):
             made = _read_marker(env_dir)
             if made is None:
                 _make(recipe, env_dir, timeout)
@@ -185,19 +189,19 @@ def _make(recipe: other_release.Recipe, env_dir: Path, timeout: float) -> None:
     if env_dir.exists():
         shutil.rmtree(env_dir)  # a build that was killed, or a marker that no longer reads
     python = str(other_release.env_python(env_dir, sys.platform))
-    steps = [
-        recipe.venv_command(uv, sys.executable, str(env_dir)),
-        *recipe.install_commands(uv, python),
-    ]
     try:
-        for command in steps:
+        _run(recipe.venv_command(uv, sys.executable, str(env_dir)), recipe, timeout, env_dir)
+        for command in recipe.install_commands(uv, python):
             _run(command, recipe, timeout)
     except BaseException:
         shutil.rmtree(env_dir, ignore_errors=True)
         raise
 
 
-def _run(command: list[str], recipe: other_release.Recipe, timeout: float) -> None:
+def _run(
+    command: list[str], recipe: other_release.Recipe, timeout: float, venv: Path | None = None
+) -> None:
+    """One uv command; ``venv``: the environment ``uv venv`` makes, where this is that one."""
     # No VIRTUAL_ENV of the runner's: uv would take it for the environment meant.
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     try:
@@ -213,6 +217,13 @@ def _run(command: list[str], recipe: other_release.Recipe, timeout: float) -> No
         raise ReleaseEnvError(
             f"--resume-with-torch {recipe.release}: uv cannot run: {exc}"
         ) from exc
+    if done.returncode != 0 and venv is not None:
+        # No download yet: the cache's filesystem or the interpreter is at fault, not the network.
+        raise ReleaseEnvError(
+            f"--resume-with-torch {recipe.release}: uv could not make the environment {venv}: "
+            f"{other_release.uv_error(done.stderr)}; pass --cache-dir DIR (or set "
+            f"{other_release.CACHE_ENV}) to a local directory you can write"
+        )
     if done.returncode != 0:
         source = (
             f"{other_release.TORCH_INDEX_ENV}={recipe.index}"

@@ -126,11 +126,6 @@ def run_suite(
     distribution = runtimes.installed_distribution()
     runtimes.require(distribution)
     assert distribution is not None
-    # Before anything runs: a release that cannot be installed is one line and exit 2.
-    other_envs = [
-        release_env.ensure(release_env.recipe_for(r, distribution), _cache(cache_dir))
-        for r in run_plan.resume_with_torch
-    ]
     fixture = run_plan.fixture if fixture is None else fixture
     lock = threading.Lock()
     observations: dict[str, dict[str, Any]] = {}
@@ -139,18 +134,10 @@ def run_suite(
     with caller_main_hidden(), guarding as guardian, space as workspace:
         guardian.remove_if_killed(workspace)
         pool = WorkerPool(timeout)
-        search_path = release_env.worker_search_path()
-        other_pools = {
-            env.release: WorkerPool(
-                timeout, python=env.python, search_path=[str(env.package_path), *search_path]
-            )
-            for env in other_envs
-        }
-        pools = (pool, *other_pools.values())
+        other_pools: dict[str, WorkerPool] = {}
+        pools = [pool]  # and each other release's, once its environment is there
         try:
             pool.start(workspace / "server")
-            for release, other in other_pools.items():
-                other.start(workspace / f"server-{release}")
             guardian.remove_if_killed(Path(multiprocessing.util.get_temp_dir()))
             if space.socket_holder is not None:
                 guardian.remove_if_killed(space.socket_holder)
@@ -161,7 +148,21 @@ def run_suite(
                 # The probe found who saves the app: an app with its own save() and load() has
                 # scenarios of its own (plan.fixture_plan).
                 run_plan = run_plan.checkpointed_by(found)
-            # After the fixture's own probe: a fault of the fixture is not blamed on B.
+            # After the fixture's own probe, still before any scenario: a fault of the fixture is
+            # said before B is installed (several GB where B is PyPI's build), and not blamed on
+            # B; a release that cannot be installed is one line and exit 2.
+            other_envs = [
+                release_env.ensure(release_env.recipe_for(r, distribution), _cache(cache_dir))
+                for r in run_plan.resume_with_torch
+            ]
+            search_path = release_env.worker_search_path() if other_envs else []
+            for env in other_envs:
+                other = WorkerPool(
+                    timeout, python=env.python, search_path=[str(env.package_path), *search_path]
+                )
+                other_pools[env.release] = other
+                pools.append(other)
+                other.start(workspace / f"server-{env.release}")
             for env in other_envs:
                 _probe_release(other_pools[env.release], workspace, env, fixture, run_plan)
             names = run_plan.names if names is None else names
@@ -394,13 +395,27 @@ def _probe_release(
     payload: payloads.FixtureImports = {"fixture": fixture, "fixture_args": run_plan.arguments}
     outcome = pool.run_group(payloads.FIXTURE_IMPORTS(payload), 1, workdir, "probe")
     if not outcome.ok or not outcome.results:
-        env.forget()
+        where = f"--resume-with-torch {env.release}: a rank in torch {env.release}'s environment ({env.directory})"
+        if outcome.timed_out:
+            # Slow, not broken (a busy machine, a cold disk): the environment stays, for this
+            # run's peers sharing the cache and for the next run.
+            raise ReleaseEnvError(
+                f"{where} did not import torch and resolve the fixture within {pool.timeout:g} "
+                "s: give more with --timeout"
+            )
         errors = _error_lines(outcome.log_tail())
         said = f": {errors[-1][:200]}" if errors else ""
-        why = "timed out" if outcome.timed_out else f"exited {outcome.exit_codes}{said}"
+        # Only an installation that is broken fails an import or loading a shared library; the
+        # environment is made afresh then. Anything else is said as it is, and the environment
+        # kept.
+        broken = bool(errors) and re.match(
+            r"(?:\w+\.)*(?:ImportError|ModuleNotFoundError|OSError)\b", errors[-1]
+        )
+        if broken:
+            env.forget()
         raise ReleaseEnvError(
-            f"--resume-with-torch {env.release}: a rank in torch {env.release}'s environment "
-            f"({env.directory}) {why}; it is made afresh on the next run"
+            f"{where} exited {outcome.exit_codes}{said}"
+            + ("; it is made afresh on the next run" if broken else "")
         )
     theirs = outcome.results[0]
     if theirs["fixture_error"] is not None:

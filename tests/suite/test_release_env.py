@@ -11,20 +11,23 @@ import stat
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
-from dcp_invariant import canonical, other_release
+from dcp_invariant import canonical, other_release, plan
 from dcp_invariant.errors import ReleaseEnvError
-from dcp_invariant.suite import release_env
+from dcp_invariant.suite import release_env, runner
+from dcp_invariant.suite.pool import GroupOutcome
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the stand-in uv is a shell script")
 
 RECIPE = other_release.Recipe("2.15.0", "cpu-index", "3.11", "2.4.6", "linux", "x86_64")
 # The stand-in: logs each call, makes a venv whose python reports $FAKE_PAIR, fails with
-# $FAKE_FAIL on `pip install`.
+# $FAKE_FAIL on `pip install`, with $FAKE_VENV_FAIL on `venv`.
 FAKE_UV = r"""#!/bin/sh
 echo "$*" >> "$FAKE_LOG"
+if [ "$1" = venv ] && [ -n "$FAKE_VENV_FAIL" ]; then printf '%b' "$FAKE_VENV_FAIL" >&2; exit 2; fi
 if [ "$1" = venv ]; then
   for last; do :; done
   mkdir -p "$last/bin" "$last/lib/python3.11/site-packages"
@@ -49,6 +52,7 @@ def fake_uv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FAKE_LOG", str(log))
     monkeypatch.setenv("FAKE_PAIR", json.dumps(PAIR))
     monkeypatch.delenv("FAKE_FAIL", raising=False)
+    monkeypatch.delenv("FAKE_VENV_FAIL", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     return log
 
@@ -178,3 +182,76 @@ def test_the_workers_import_path_leaves_out_the_runners_installation(
     monkeypatch.chdir(project)
     monkeypatch.setattr(sys, "path", ["", site_packages, str(shadow), str(project), os.devnull])
     assert release_env.worker_search_path() == [os.path.realpath(project)]
+
+
+class _OnePool:
+    """A pool whose one group ends as ``outcome`` says, its log in ``tmp``."""
+
+    timeout = 7.0
+
+    def __init__(self, tmp: Path, *, timed_out: bool = False, log: str = "", code: int = 1) -> None:
+        self.log = tmp / "probe.log"
+        self.log.write_text(log)
+        self.outcome = GroupOutcome([code], timed_out, [], [self.log])
+
+    def run_group(self, *_: object) -> GroupOutcome:
+        return self.outcome
+
+
+@pytest.mark.parametrize(
+    ("pool_says", "says", "forgotten"),
+    [
+        (
+            {"timed_out": True, "code": -9},
+            "did not import torch and resolve the fixture within 7 s: give more with --timeout",
+            False,
+        ),
+        (
+            {
+                "log": "Traceback (most recent call last):\nImportError: libtorch_cpu.so: cannot open"
+            },
+            "exited [1]: ImportError: libtorch_cpu.so: cannot open; it is made afresh on the next",
+            True,
+        ),
+        (
+            {"log": "RuntimeError: something else"},
+            "exited [1]: RuntimeError: something else",
+            False,
+        ),
+    ],
+)
+def test_a_probe_that_fails_forgets_only_a_broken_environment(
+    fake_uv: Path, tmp_path: Path, pool_says: dict[str, Any], says: str, forgotten: bool
+) -> None:
+    """A busy machine's timeout, or a failure that is not the installation's, keeps the cached
+    environment for the other runs that share it; an import that fails has the next run make
+    it afresh."""
+    env = release_env.ensure(RECIPE, tmp_path / "cache")
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    pool = _OnePool(tmp_path, **pool_says)
+    with pytest.raises(ReleaseEnvError) as caught:
+        runner._probe_release(
+            cast(Any, pool), workspace, env, "m:f", plan.fixture_plan("m:f", (1,))
+        )
+    assert str(caught.value).startswith("--resume-with-torch 2.15.0: a rank in torch 2.15.0's")
+    assert says in str(caught.value), str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert (env.directory / other_release.MARKER).exists() is not forgotten
+
+
+def test_an_environment_uv_cannot_make_names_the_cache_not_the_network(
+    fake_uv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``uv venv`` downloads nothing: where it fails (a filesystem without symlinks, say), the
+    fix is another cache directory."""
+    monkeypatch.setenv("FAKE_VENV_FAIL", "error: failed to symlink file\n")
+    cache = tmp_path / "cache"
+    with pytest.raises(ReleaseEnvError) as caught:
+        release_env.ensure(RECIPE, cache)
+    said = str(caught.value)
+    assert said.startswith("--resume-with-torch 2.15.0: uv could not make the environment ")
+    assert "failed to symlink file" in said and "pass --cache-dir DIR" in said, said
+    assert "network" not in said and "\n" not in said
+    assert len(calls(fake_uv)) == 1  # nothing installed after it
+    assert not (cache / "torch" / RECIPE.name).exists()
