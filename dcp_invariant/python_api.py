@@ -107,7 +107,7 @@ def check(
     sizes = _sizes(world_sizes)
     for name, steps in (("steps_before", steps_before), ("steps_after", steps_after)):
         _require(name, steps, "an int", isinstance(steps, int) and not isinstance(steps, bool))
-    target = _output_dir(output_dir)
+    target = _path_argument("output_dir", output_dir)
     for name, value, what, ok in (
         ("timeout", timeout, "a number of seconds or None", _is_number(timeout)),
         ("fixture_args", fixture_args, "a mapping of names to JSON values, or None",
@@ -336,10 +336,6 @@ _WHAT = {
     "ignore_attrs": "attribute paths such as app.ema",
     "resume_with_torch": "registered releases such as 2.15.0",
 }
-
-
-def _output_dir(output_dir: str | os.PathLike[str] | None) -> Path | None:
-    return _path_argument("output_dir", output_dir)
 
 
 def _path_argument(name: str, value: str | os.PathLike[str] | None) -> Path | None:

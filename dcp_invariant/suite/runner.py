@@ -72,17 +72,13 @@ class WorkerStartError(BadInput, RuntimeError):
         missing = re.findall(r"No module named '([^']+)'", logs)
         codes = f" (exit codes {exit_codes})" if exit_codes else ""
         errors = _error_lines(logs)
-        # An installation that is broken fails an import, or loading a shared library.
-        broken = not errors or re.match(r"(?:\w+\.)*(?:ImportError|OSError)\b", errors[-1])
+        broken = not errors or _failed_to_load(errors[-1])
         if missing or broken:
             what = (
                 f"could not import {missing[-1]}" if missing else "could not import torch and numpy"
             )
-            fix = (
-                f"reinstall torch as its CPU wheel "
-                f"({runtimes.install_command(runtimes.installed_distribution() or '').replace('+cpu', '')}) and "
-                "numpy"
-            )
+            command = runtimes.install_command(runtimes.installed_distribution() or "")
+            fix = f"reinstall torch as its CPU wheel ({command.replace('+cpu', '')}) and numpy"
         else:
             # Not the installation: what the worker raised, in one line (--debug: its log).
             what, fix = f"failed before its first task: {errors[-1][:200]}", "its log: --debug"
@@ -100,6 +96,12 @@ def _cache(given: Path | None) -> Path:
 def _error_lines(logs: str) -> list[str]:
     """The lines of worker logs that name a raised error, as a traceback ends."""
     return re.findall(r"^([\w.]*(?:Error|Exception)\b.*)$", logs, re.M)
+
+
+def _failed_to_load(error: str) -> bool:
+    """Whether an error line is an import, or the loading of a shared library, failing: what an
+    installation that is broken raises."""
+    return re.match(r"(?:\w+\.)*(?:ImportError|ModuleNotFoundError|OSError)\b", error) is not None
 
 
 def run_suite(
@@ -395,7 +397,10 @@ def _probe_release(
     payload: payloads.FixtureImports = {"fixture": fixture, "fixture_args": run_plan.arguments}
     outcome = pool.run_group(payloads.FIXTURE_IMPORTS(payload), 1, workdir, "probe")
     if not outcome.ok or not outcome.results:
-        where = f"--resume-with-torch {env.release}: a rank in torch {env.release}'s environment ({env.directory})"
+        where = (
+            f"--resume-with-torch {env.release}: a rank in torch {env.release}'s environment "
+            f"({env.directory})"
+        )
         if outcome.timed_out:
             # Slow, not broken (a busy machine, a cold disk): the environment stays, for this
             # run's peers sharing the cache and for the next run.
@@ -405,12 +410,9 @@ def _probe_release(
             )
         errors = _error_lines(outcome.log_tail())
         said = f": {errors[-1][:200]}" if errors else ""
-        # Only an installation that is broken fails an import or loading a shared library; the
-        # environment is made afresh then. Anything else is said as it is, and the environment
-        # kept.
-        broken = bool(errors) and re.match(
-            r"(?:\w+\.)*(?:ImportError|ModuleNotFoundError|OSError)\b", errors[-1]
-        )
+        # Only a broken installation has the environment made afresh; anything else is said as
+        # it is, and the environment kept.
+        broken = bool(errors) and _failed_to_load(errors[-1])
         if broken:
             env.forget()
         raise ReleaseEnvError(
