@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a fixture with a ~100 ms step: the tool's overhead over its own steps ('' skips)",
     )
     parser.add_argument(
+        "--library-fixture",
+        default="llama_ddp_loop:fixture",
+        help="a fixture of tests/real_loops built on transformers, at world sizes 1,2: what its "
+        "workers' imports cost ('' skips)",
+    )
+    parser.add_argument(
         "--big-fixture",
         default="tests.fixture_loops:big_buffer",
         help="a fixture whose state holds a 1 GiB tensor, run at world size 1 ('' skips)",
@@ -94,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         ok &= _own_save(import_seconds)
     if args.slow_fixture:
         ok &= _overhead(args.slow_fixture)
+    if args.library_fixture:
+        ok &= _library_fixture(args.library_fixture, import_seconds)
     if args.big_fixture:
         ok &= _big_fixture(args.big_fixture, import_seconds)
     if args.seal_gib > 0:
@@ -186,6 +194,21 @@ def _overhead(fixture: str) -> bool:
     print(f"\n{fixture}: its own {steps} steps {own:.2f} s ({own / steps * 1000:.0f} ms a step)")
     print(f"fixture run at world size 1: {total:.2f} s ({'pass' if ok else 'FAIL'})")
     print(f"tool overhead: {total - own:.2f} s, {total / own:.1f}x the fixture's own steps")
+    return ok
+
+
+REAL_LOOPS = Path(__file__).resolve().parent / "real_loops"
+
+
+def _library_fixture(fixture: str, import_seconds: float) -> bool:
+    """A fixture run at world sizes 1,2 of a loop whose module imports ``transformers`` (about
+    1 s of CPU here): what a run's ~30 workers would pay for importing it each."""
+    env = {"PYTHONPATH": os.pathsep.join([str(REAL_LOOPS), os.environ.get("PYTHONPATH", "")])}
+    total, _, _, ok = _suite(["--fixture", fixture], env)
+    print(f"\n{fixture} (tests/real_loops, world sizes 1,2): {total:.2f} s")
+    print(
+        f"its run / import torch: {total / import_seconds:.1f} units ({'pass' if ok else 'FAIL'})"
+    )
     return ok
 
 

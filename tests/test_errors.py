@@ -39,8 +39,9 @@ def _package_exceptions() -> list[type[BaseException]]:
 
 # Control flow, never an error a caller sees: the CLI's signal (a BaseException, as
 # KeyboardInterrupt is), the pool's "stop starting groups", the verifier's early exit, the end of
-# an in-job driver's first attempt at torchrun's restart.
-CONTROL_FLOW = {"Interrupted", "Cancelled", "_TooMany", "Restarting"}
+# an in-job driver's first attempt at torchrun's restart, the fork server's alarm inside a
+# library's import.
+CONTROL_FLOW = {"Interrupted", "Cancelled", "_TooMany", "Restarting", "_TookTooLong"}
 # Its message names the install command of the torch that is installed (runtimes), which
 # errors.py, standard library only, cannot import.
 BAD_INPUT_ELSEWHERE = {"WorkerStartError"}

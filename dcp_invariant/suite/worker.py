@@ -305,20 +305,26 @@ def imported_versions() -> dict[str, str | None]:
 
 
 def import_frozen(modules: list[str]) -> None:
-    """Import ``modules`` (skipping any this torch release lacks, as the fork server does).
+    """Import ``modules`` (skipping any this torch release lacks, as the fork server does),
+    under :func:`imports_frozen`."""
+    with imports_frozen():
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                continue
 
-    Imports build millions of long-lived objects and no garbage; the collector would walk them
+
+@contextlib.contextmanager
+def imports_frozen() -> Iterator[None]:
+    """Imports build millions of long-lived objects and no garbage; the collector would walk them
     over and over (0.5-0.9 s of 3 s here). It is off while they run, and what they built is
     then frozen, as CPython's gc documentation advises a pre-forking server, so the job's own
     collections do not walk it again either.
     """
     gc.disable()
     try:
-        for module in modules:
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                continue
+        yield
     finally:
         gc.freeze()
         gc.enable()
