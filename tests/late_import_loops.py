@@ -13,11 +13,11 @@ RECORDS_ENV = "PRELOAD_RECORDS"
 
 
 def fixture(rank: int, world_size: int) -> Correct:
-    before = "click" in sys.modules
-    import click
+    before = "mkdocs" in sys.modules
+    import mkdocs
 
     Path(os.environ[RECORDS_ENV], f"{os.getpid()}-{__name__}").write_text(
         "preloaded" if before else "imported here", encoding="utf-8"
     )
-    assert click.__name__ == "click"
+    assert mkdocs.__name__ == "mkdocs"
     return Correct(rank, world_size)

@@ -1,6 +1,7 @@
-"""Fixtures whose module imports a library torch does not (click, in site-packages): each worker
-records, as the module loads, whether the library was imported before it, into the directory
-``PRELOAD_RECORDS`` names (tests/suite/test_fixture_imports_live.py)."""
+"""A fixture whose module opens by importing a library torch does not (mkdocs, in site-packages,
+pinned by the docs extra): each worker records whether that library was imported before this
+module, into the directory ``PRELOAD_RECORDS`` names (tests/suite/test_fixture_imports_live.py).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import os
 import sys
 from pathlib import Path
 
-_BEFORE = "click" in sys.modules
-import click  # noqa: E402  (after the look at sys.modules, on purpose)
-from fixture_loops import Correct  # noqa: E402
+import mkdocs
+from fixture_loops import Correct
 
 RECORDS_ENV = "PRELOAD_RECORDS"
 
+# sys.modules keeps the order modules began to load in, and this module's began before its own
+# imports ran: a library found earlier was there before it (the fork server's).
+_order = list(sys.modules)
 Path(os.environ[RECORDS_ENV], f"{os.getpid()}-{__name__}").write_text(
-    "preloaded" if _BEFORE else "imported here", encoding="utf-8"
+    "preloaded" if _order.index(mkdocs.__name__) < _order.index(__name__) else "imported here",
+    encoding="utf-8",
 )
-assert click.__name__ == "click"
 
 
 def fixture(rank: int, world_size: int) -> Correct:

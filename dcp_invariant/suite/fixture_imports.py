@@ -1,24 +1,28 @@
-"""The libraries a fixture's module imports as it loads: found by reading its source, never by
-running it, and imported once by the fork server, so that every worker it forks has them.
+"""The libraries a fixture's module opens with: found by reading its source, never by running
+it, and imported once by the fork server, so that every worker it forks has them.
 
 A run forks about 30 workers (the example at world sizes 1,2), and each builds the app, so
 each imports the fixture's module. torch is imported once, in the fork server (``pool.PRELOAD``);
 a fixture built on ``transformers`` would otherwise import it in each worker (about 1 s of CPU
-each here). Only libraries are imported there, modules that live in site-packages: the user's
-own modules (the fixture's, and any other outside site-packages) are read for their imports but
-run in the workers alone, after the process group exists, as before. What the user's code
-registers with a library at import (a custom op, a model class) is therefore registered once
-per worker, never twice.
+each here). Only libraries are imported there, modules that live in site-packages, and only
+those imported before any code of the user's would run: the user's own modules (the
+fixture's, and any other outside site-packages) are read for their imports but run in the
+workers alone, after the process group exists, as before. What the user's code registers with
+a library at import (a custom op, a model class) is therefore registered once per worker,
+never twice, and what it sets before an import (an environment variable the library reads) is
+set before the library is imported, in the worker.
 
-Each import here is what the statement in the user's module would do. One that fails or takes
-longer than the run's timeout is left: the worker's own import of the fixture runs it again and
-reports what it raises (:func:`dcp_invariant.suite.fixture.load_fixture`), or times out with
-its group.
+Each import here is what the statement in the user's module would do, in the order it would
+run. The first that fails, or one still running when the run's timeout is up, ends the
+imports: the worker's own import of the fixture runs it again and reports what it raises
+(:func:`dcp_invariant.suite.fixture.load_fixture`), or times out with its group. What the
+imports print goes to the server's log, ``libraries.log`` in its workspace.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import json
 import os
@@ -28,7 +32,7 @@ import sys
 import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from importlib.machinery import ModuleSpec, PathFinder
+from importlib.machinery import BuiltinImporter, ModuleSpec, PathFinder
 from types import FrameType
 
 # The fork server's environment carries the imports (read and dropped by .fork_server).
@@ -49,56 +53,156 @@ class LibraryImport:
 
 
 def library_imports(spec: str, search_path: Sequence[str]) -> list[LibraryImport]:
-    """What the module of ``spec`` ("package.module:callable") and the user's modules it imports
-    import from libraries as they load, in the order first seen; ``[]`` where nothing can be
-    read. Nothing is imported or run: modules are found as the import system would find them on
-    ``search_path`` (``PathFinder``) and their source is parsed.
+    """The libraries the module of ``spec`` ("package.module:callable") imports before any code
+    of the user's runs, in the order it imports them; ``[]`` where nothing can be read.
+
+    The module is followed as the import system would run it: its parent packages first, then
+    its statements in order, into each of the user's modules it imports, depth first. Reading
+    stops at the first statement that is not an import (a docstring, ``if TYPE_CHECKING:`` and
+    a ``try:`` of imports aside), and at a module that cannot be found or read: from there on,
+    the user's code would run (it may set an environment variable a library reads as it is
+    imported, or patch one), and what follows is left to the workers. Nothing is imported or
+    run: modules are found with ``PathFinder`` on ``search_path`` and their source is parsed.
     """
     module_name = spec.partition(":")[0]
-    roots = _Roots.here(own=module_name.partition(".")[0])
-    found: dict[LibraryImport, None] = {}
-    queue = [module_name]
-    seen: set[str] = set()
-    files = total = 0
-    while queue and files < MAX_FILES and total < MAX_TOTAL_BYTES:
-        for name in _with_parents(queue.pop(0)):  # importing a.b runs a first
-            if name in seen:
+    reader = _Reader(search_path, _Roots.here(own=module_name.partition(".")[0]))
+    reader.run(module_name)
+    return list(reader.found)
+
+
+class _Reader:
+    """One walk through the user's modules, in the order an import would run them."""
+
+    def __init__(self, search_path: Sequence[str], roots: _Roots) -> None:
+        self.search_path = list(search_path)
+        self.roots = roots
+        self.found: dict[LibraryImport, None] = {}
+        self.ran: set[str] = set()
+        self.files = self.bytes = 0
+
+    def run(self, name: str) -> bool:
+        """Import ``name`` and its parents; False where the user's code would run from here."""
+        parts = _with_parents(name)
+        if not parts:
+            return False
+        for part in parts:
+            if part in self.ran:
                 continue
-            seen.add(name)
-            where = _find(name, search_path)
-            if where is None or where.origin is None or roots.kind(name, where) != "user":
+            self.ran.add(part)
+            if not self._module(part):
+                return False
+        return True
+
+    def _module(self, name: str) -> bool:
+        kind = self._kind(name)
+        if kind == "library":
+            self.found.setdefault(LibraryImport(name), None)
+            return True
+        if kind in ("stdlib", "no code"):
+            return True
+        if kind == "unknown":
+            return False
+        where = _find(name, self.search_path)
+        if where is None or where.origin is None:
+            return True  # a namespace package, here or in site-packages: it runs nothing
+        data = self._read(where.origin)
+        if data is None:
+            return False
+        tree = _parse(data)
+        if tree is None:
+            return False
+        package = name if where.submodule_search_locations is not None else name.rpartition(".")[0]
+        return self._statements(tree.body, package, first=True)
+
+    def _statements(self, body: list[ast.stmt], package: str, first: bool = False) -> bool:
+        for i, node in enumerate(body):
+            if first and i == 0 and _is_docstring(node):
                 continue
-            source = _read(where.origin)
-            if source is None:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                if not self._import(node, package):
+                    return False
+            elif isinstance(node, ast.If) and _is_type_checking(node.test):
+                if not self._statements(node.orelse, package):
+                    return False
+            elif isinstance(node, ast.Try):
+                # Its handlers run only where an import failed, and the fork server stops at
+                # the first that fails (import_libraries): they are never reached there.
+                for part in (node.body, node.orelse, node.finalbody):
+                    if not self._statements(part, package):
+                        return False
+            else:
+                return False
+        return True
+
+    def _import(self, node: ast.Import | ast.ImportFrom, package: str) -> bool:
+        for module, names in _absolute(node, package):
+            kind = self._kind(module)
+            if kind == "library":
+                self.found.setdefault(LibraryImport(module, names), None)
+            elif kind == "stdlib":
                 continue
-            files += 1
-            total += len(source)
-            package = (
-                name if where.submodule_search_locations is not None else name.rpartition(".")[0]
-            )
-            for statement in _executed_imports(source):
-                for imported, names in _absolute(statement, package):
-                    head = imported.partition(".")[0]
-                    head_spec = _find(head, search_path)
-                    if head_spec is not None and roots.kind(head, head_spec) == "library":
-                        found.setdefault(LibraryImport(imported, names), None)
-                    else:
-                        # The user's, or the standard library's; a name may be a submodule.
-                        queue += [imported, *(f"{imported}.{n}" for n in names)]
-    return list(found)
+            elif kind == "unknown" or not self.run(module):
+                return False
+            else:
+                # ``from package import name``: a submodule of the user's, where it is one.
+                for name in names:
+                    if _find(f"{module}.{name}", self.search_path) and not self.run(
+                        f"{module}.{name}"
+                    ):
+                        return False
+        return True
+
+    def _kind(self, name: str) -> str:
+        """ "library" where the module and each parent package live in site-packages, "stdlib"
+        in the standard library, "unknown" where one cannot be found, else "user" (or "no
+        code": a namespace package of the user's, which runs nothing)."""
+        kinds = []
+        for part in _with_parents(name):
+            where = _find(part, self.search_path)
+            if where is None:
+                return "unknown"
+            kinds.append(self.roots.kind(part, where))
+        if not kinds:
+            return "unknown"
+        if kinds[-1] == "no code":
+            return "no code"
+        # What runs is the code of the parents that have some, and the module's own.
+        running = {k for k in kinds if k != "no code"}
+        return running.pop() if running in ({"library"}, {"stdlib"}) else "user"
+
+    def _read(self, origin: str) -> bytes | None:
+        if not origin.endswith(".py") or self.files >= MAX_FILES:
+            return None  # an extension module, bytecode alone, or past the bound
+        try:
+            with open(origin, "rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)
+        except OSError:
+            return None
+        if len(data) > MAX_FILE_BYTES or self.bytes + len(data) > MAX_TOTAL_BYTES:
+            return None
+        self.files += 1
+        self.bytes += len(data)
+        return data
 
 
-def encode(imports: Sequence[LibraryImport], timeout: float) -> str:
-    """The fork server's :data:`LIBRARIES_ENV`: the imports, and the seconds they may take."""
-    return json.dumps(
-        {"imports": [[each.module, list(each.names)] for each in imports], "timeout": timeout}
-    )
+@dataclass(frozen=True)
+class Preload:
+    """What the runner asks the fork server to import, in :data:`LIBRARIES_ENV`: the imports,
+    the seconds they may take in all, and the file what they print goes to."""
 
+    imports: tuple[LibraryImport, ...]
+    timeout: float
+    log: str
 
-def decode(text: str) -> tuple[list[LibraryImport], float]:
-    given = json.loads(text)
-    imports = [LibraryImport(module, tuple(names)) for module, names in given["imports"]]
-    return imports, float(given["timeout"])
+    def encode(self) -> str:
+        imports = [[each.module, list(each.names)] for each in self.imports]
+        return json.dumps({"imports": imports, "log": self.log, "timeout": self.timeout})
+
+    @classmethod
+    def decode(cls, text: str) -> Preload:
+        given = json.loads(text)
+        imports = tuple(LibraryImport(module, tuple(names)) for module, names in given["imports"])
+        return cls(imports, float(given["timeout"]), str(given["log"]))
 
 
 class _TookTooLong(BaseException):
@@ -107,50 +211,81 @@ class _TookTooLong(BaseException):
 
 
 def import_libraries(imports: Sequence[LibraryImport], timeout: float) -> list[str]:
-    """Import each as its statement would, within ``timeout`` seconds in all (the main thread's
-    alarm: the fork server imports in its main thread); one line for each import left, which
-    the worker's own import runs again and reports (see the module's docstring).
+    """Import each, in order, as its statement would, within ``timeout`` seconds in all (the
+    main thread's alarm: the fork server imports in its main thread), stopping at the first
+    that fails: in the worker, what follows it in the user's module may depend on how that
+    failure is handled. One line for what was left, which the worker's own import runs again
+    and reports (see the module's docstring).
     """
     if sys.platform == "win32":
         raise OSError("no fork server on Windows (pool.start_method), nor SIGALRM")
     left: list[str] = []
+    alarm = {"armed": True}
 
     def took_too_long(signum: int, frame: FrameType | None) -> None:
-        raise _TookTooLong
+        if alarm["armed"]:
+            raise _TookTooLong
 
     previous = signal.signal(signal.SIGALRM, took_too_long)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    # Again every second past the bound: a library's bare ``except:`` may swallow one alarm.
+    signal.setitimer(signal.ITIMER_REAL, timeout, 1.0)
+    current = ""
     try:
-        for each in imports:
-            try:
+        try:
+            for each in imports:
+                current = each.module
                 module = importlib.import_module(each.module)
                 for name in each.names:
                     # ``from MODULE import NAME``: an attribute (a lazy module makes it on
                     # access), else a submodule.
                     if not hasattr(module, name):
                         importlib.import_module(f"{each.module}.{name}")
-            except _TookTooLong:
-                left.append(f"{each.module}: still importing after {timeout:g} s")
-                break
-            except (Exception, SystemExit) as exc:  # left for the worker's import to report
-                left.append(f"{each.module}: {type(exc).__name__}: {exc}")
+        finally:
+            alarm["armed"] = False
+    except _TookTooLong:
+        left.append(f"{current}: still importing after {timeout:g} s")
+    except (Exception, SystemExit) as exc:  # left for the worker's own import to report
+        left.append(f"{current}: {type(exc).__name__}: {exc}")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     return left
 
 
+@contextlib.contextmanager
+def output_to(log: str) -> Iterator[None]:
+    """File descriptors 1 and 2 into ``log`` while the block runs: what the imports print goes
+    to the server's log, as a worker's goes to its own, not to the user's terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for each in (fd, *saved):
+            os.close(each)
+
+
 def _find(name: str, search_path: Sequence[str]) -> ModuleSpec | None:
-    """Where ``name`` would be imported from, found without running any package's code."""
+    """Where ``name`` would be imported from, found without running any package's code; None
+    where it cannot be found so (a namespace package inside a regular one is among those:
+    ``PathFinder`` asks ``sys.modules`` for its parent)."""
     if name in sys.builtin_module_names:
-        return None
+        return BuiltinImporter.find_spec(name)
     path: list[str] = list(search_path)
     spec = None
     parts = name.split(".")
     for i in range(len(parts)):
         try:
             spec = PathFinder.find_spec(".".join(parts[: i + 1]), path)
-        except (ImportError, OSError, ValueError):
+        except (ImportError, OSError, ValueError, KeyError):
             return None
         if spec is None:
             return None
@@ -182,17 +317,22 @@ class _Roots:
         )
 
     def kind(self, name: str, spec: ModuleSpec) -> str:
-        """ "library" (site-packages), "stdlib", or "user": the fixture's own package, and
-        anything else."""
+        """ "library" (site-packages), "stdlib", "user" (the fixture's own package, and anything
+        else), or "no code" (a namespace package of the user's, or one split between the
+        user's directories and site-packages: it runs nothing itself)."""
+        if spec.origin in ("built-in", "frozen"):
+            return "stdlib"
+        if spec.origin is None:  # a namespace package: where its portions are
+            places = {self._place(p) for p in spec.submodule_search_locations or []}
+            own = name.partition(".")[0] == self.own
+            only = places.pop() if len(places) == 1 and not own else "no code"
+            return "no code" if only == "user" else only
         if name.partition(".")[0] == self.own:
             return "user"
-        where = spec.origin
-        if where is None or where in ("built-in", "frozen"):
-            locations = list(spec.submodule_search_locations or [])
-            if not locations:
-                return "stdlib"
-            where = locations[0]
-        real = _real(where)
+        return self._place(spec.origin)
+
+    def _place(self, path: str) -> str:
+        real = _real(path)
         # site-packages may lie under the standard library's directory: libraries first.
         if any(_under(real, root) for root in self.libraries):
             return "library"
@@ -209,54 +349,20 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _read(origin: str) -> str | None:
-    if not origin.endswith(".py"):
-        return None  # an extension module, or bytecode alone: nothing to read
+def _parse(data: bytes) -> ast.Module | None:
+    """The module's syntax tree; bytes, so that its coding cookie or BOM is honoured."""
     try:
-        with open(origin, "rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except OSError:
-        return None
-    if len(data) > MAX_FILE_BYTES:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+        return ast.parse(data)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None  # the worker's import says what is wrong with it
 
 
-def _executed_imports(source: str) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements that run when the module loads: not those inside functions, nor
-    under ``if TYPE_CHECKING:``."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return  # the worker's import says what is wrong with it
-    pending: list[ast.stmt] = list(tree.body)
-    while pending:
-        node = pending.pop(0)
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            pending[:0] = node.orelse
-        else:
-            pending[:0] = [
-                child
-                for field in ("body", "orelse", "finalbody", "handlers", "cases")
-                for child in _statements(getattr(node, field, []))
-            ]
-
-
-def _statements(children: object) -> list[ast.stmt]:
-    out: list[ast.stmt] = []
-    for child in children if isinstance(children, list) else []:
-        if isinstance(child, ast.stmt):
-            out.append(child)
-        elif isinstance(child, ast.ExceptHandler | ast.match_case):
-            out.extend(child.body)
-    return out
+def _is_docstring(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
 
 
 def _is_type_checking(test: ast.expr) -> bool:

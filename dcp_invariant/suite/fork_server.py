@@ -18,6 +18,7 @@ environment the server starts with.
 from __future__ import annotations
 
 import os
+import sys
 
 from dcp_invariant.suite import fixture_imports, pool, worker
 
@@ -29,8 +30,10 @@ worker.leave_terminal_session()
 os.environ.pop(worker.PARENT_PID_ENV, None)
 
 worker.import_frozen(pool.PRELOAD)
-_libraries = os.environ.pop(fixture_imports.LIBRARIES_ENV, "")
-if _libraries:
-    with worker.imports_frozen():
-        # What is left is imported again by each worker, which reports it (fixture_imports).
-        fixture_imports.import_libraries(*fixture_imports.decode(_libraries))
+_given = os.environ.pop(fixture_imports.LIBRARIES_ENV, "")
+if _given:
+    _preload = fixture_imports.Preload.decode(_given)
+    with worker.imports_frozen(), fixture_imports.output_to(_preload.log):
+        for _left in fixture_imports.import_libraries(_preload.imports, _preload.timeout):
+            # Each worker imports it again and reports what it raises (fixture_imports).
+            print(f"left to the workers: {_left}", file=sys.stderr, flush=True)

@@ -24,7 +24,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +33,6 @@ from dcp_invariant import canonical
 from dcp_invariant.errors import Error, StartMethodError
 from dcp_invariant.evidence.families.records import GroupRecord
 from dcp_invariant.suite import fixture_imports, reaper, worker
-from dcp_invariant.suite.fixture_imports import LibraryImport
 
 if TYPE_CHECKING:  # scenarios/ imports this module: the import is for mypy alone
     from dcp_invariant.suite.scenarios.payloads import Call
@@ -199,19 +198,25 @@ _hidden_main: types.ModuleType | None = None
 class _ForkServer:
     """Linux: each worker forked by multiprocessing's fork server, which preloaded torch."""
 
-    def __init__(self, ctx: Any, libraries: Sequence[LibraryImport], timeout: float) -> None:
+    def __init__(self, ctx: Any, fixture: str | None, timeout: float) -> None:
         self._ctx = ctx
-        # It imports PRELOAD and the libraries itself (.fork_server).
+        # It imports PRELOAD and the fixture's libraries itself (.fork_server).
         ctx.set_forkserver_preload(["dcp_invariant.suite.fork_server"])
-        self._libraries = fixture_imports.encode(libraries, timeout) if libraries else None
+        self._fixture = fixture
+        self._timeout = timeout
 
     def start(self, workdir: Path) -> None:
         from multiprocessing import forkserver
 
         isolated = worker.isolated_environment(workdir)
         isolated[worker.PARENT_PID_ENV] = str(os.getpid())  # read and dropped by .fork_server
-        if self._libraries is not None:
-            isolated[fixture_imports.LIBRARIES_ENV] = self._libraries  # and this
+        if self._fixture is not None:
+            imports = fixture_imports.library_imports(self._fixture, sys.path)
+            if imports:
+                given = fixture_imports.Preload(
+                    tuple(imports), self._timeout, str(workdir / "libraries.log")
+                )
+                isolated[fixture_imports.LIBRARIES_ENV] = given.encode()  # and this
         saved = {key: os.environ.get(key) for key in isolated}
         os.environ.update(isolated)
         try:
@@ -501,11 +506,11 @@ class WorkerPool:
         *,
         python: Path | None = None,
         search_path: list[str] | None = None,
-        libraries: Sequence[LibraryImport] = (),
+        fixture: str | None = None,
     ) -> None:
         """``python``: run every rank in that interpreter instead (another environment's), with
-        ``search_path`` as its PYTHONPATH. ``libraries``: what the fork server imports besides
-        PRELOAD (:mod:`.fixture_imports`)."""
+        ``search_path`` as its PYTHONPATH. ``fixture``: the fork server also imports the
+        libraries its module imports (:mod:`.fixture_imports`)."""
         self.timeout = timeout
         self.cancelled = False
         self._lock = threading.Lock()
@@ -515,7 +520,7 @@ class WorkerPool:
         self._launcher: _Launcher = (
             _Interpreters(python, search_path or [])
             if python is not None
-            else _ForkServer(ctx, libraries, timeout)
+            else _ForkServer(ctx, fixture, timeout)
             if self.method == "forkserver"
             else _Standbys(ctx, self._lock, timeout, self._refuse_if_cancelled)
         )

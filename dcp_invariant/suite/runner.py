@@ -31,7 +31,7 @@ from dcp_invariant.errors import (
     ReleaseEnvError,
 )
 from dcp_invariant.evidence import rules
-from dcp_invariant.suite import fixture_imports, reaper, release_env
+from dcp_invariant.suite import reaper, release_env
 from dcp_invariant.suite.console import Log
 from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool, caller_main_hidden
 from dcp_invariant.suite.scenarios import DRIVERS, payloads
@@ -135,7 +135,7 @@ def run_suite(
     guarding = reaper.Guardian() if guardian is None else contextlib.nullcontext(guardian)
     with caller_main_hidden(), guarding as guardian, space as workspace:
         guardian.remove_if_killed(workspace)
-        pool = WorkerPool(timeout, libraries=fixture_imports.library_imports(fixture, sys.path))
+        pool = WorkerPool(timeout, fixture=fixture)
         other_pools: dict[str, WorkerPool] = {}
         pools = [pool]  # and each other release's, once its environment is there
         try:

@@ -4,6 +4,7 @@ these tests run) and json for the standard library."""
 
 from __future__ import annotations
 
+import os
 import signal
 import site
 import sys
@@ -28,7 +29,7 @@ def _write(root: Path, files: dict[str, str]) -> None:
         path.write_text(textwrap.dedent(text), encoding="utf-8")
 
 
-def test_the_libraries_imported_as_the_module_loads_are_found_through_the_users_modules(
+def test_the_libraries_are_found_in_the_order_the_imports_run_until_the_users_code_runs(
     tmp_path: Path,
 ) -> None:
     _write(
@@ -36,22 +37,22 @@ def test_the_libraries_imported_as_the_module_loads_are_found_through_the_users_
         {
             "app/__init__.py": "import pytest\n",
             "app/loop.py": """
+                \"\"\"The loop.\"\"\"
                 from __future__ import annotations
                 import json
                 from typing import TYPE_CHECKING
-                from _pytest.monkeypatch import MonkeyPatch, derive_importpath
                 from . import helpers
+                from _pytest.monkeypatch import MonkeyPatch, derive_importpath
                 from .models import net
                 try:
                     import _pytest.python_api
                 except ImportError:
-                    pass
+                    import iniconfig
                 if TYPE_CHECKING:
                     import _pytest.fixtures
-                def build():
-                    import _pytest.tmpdir
-                class Holder:
-                    import _pytest.capture
+                import _pytest.capture
+                SEED = 1
+                import _pytest.tmpdir
                 def fixture(rank, world_size):
                     return None
             """,
@@ -63,11 +64,53 @@ def test_the_libraries_imported_as_the_module_loads_are_found_through_the_users_
     found = library_imports("app.loop:fixture", [str(tmp_path), *sys.path])
     assert found == [
         LibraryImport("pytest"),  # app/__init__.py runs first
+        LibraryImport("_pytest", ("pathlib",)),  # in helpers, imported before the next line
         LibraryImport("_pytest.monkeypatch", ("MonkeyPatch", "derive_importpath")),
-        LibraryImport("_pytest.python_api"),
-        LibraryImport("_pytest.capture"),  # a class body runs as the module loads
-        LibraryImport("_pytest", ("pathlib",)),
         LibraryImport("pluggy"),
+        LibraryImport("_pytest.python_api"),  # not iniconfig: its handler runs on a failure
+        LibraryImport("_pytest.capture"),  # and not _pytest.tmpdir: SEED = 1 runs before it
+    ]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        # The environment a library reads as it is imported, set before the import.
+        {"loop.py": "import os\nos.environ['HF_HUB_OFFLINE'] = '1'\nimport pytest\n"},
+        # A module of the user's that runs code before the loop's next import.
+        {"loop.py": "import helper\nimport pytest\n", "helper.py": "import pluggy\nX = 1\n"},
+        # A script's block, and anything else that is not an import.
+        {"loop.py": "if __name__ == '__main__':\n    import pytest\nimport pytest\n"},
+    ],
+    ids=["environment", "helper-runs-code", "main-block"],
+)
+def test_nothing_is_preloaded_after_the_users_code_would_run(
+    tmp_path: Path, files: dict[str, str]
+) -> None:
+    _write(tmp_path, files)
+    found = library_imports("loop:fixture", [str(tmp_path), *sys.path])
+    assert LibraryImport("pytest") not in found, found
+    assert found == ([LibraryImport("pluggy")] if "helper.py" in files else [])
+
+
+def test_a_namespace_package_split_with_site_packages_is_read_as_the_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tmp_path/lib stands for site-packages and holds one portion of acme; the user's has train.
+    real = site.getsitepackages
+    monkeypatch.setattr(site, "getsitepackages", lambda *a: [*real(*a), str(tmp_path / "lib")])
+    _write(
+        tmp_path,
+        {
+            "lib/acme/vendored.py": "import pytest\n",
+            "src/acme/train.py": "import pluggy\nimport acme.vendored\n",
+            "loop.py": "import acme.train\n",
+        },
+    )
+    search = [str(tmp_path / "lib"), str(tmp_path / "src"), str(tmp_path), *sys.path]
+    assert library_imports("loop:fixture", search) == [
+        LibraryImport("pluggy"),
+        LibraryImport("acme.vendored"),
     ]
 
 
@@ -77,9 +120,9 @@ def test_the_users_modules_are_read_never_run(tmp_path: Path) -> None:
         tmp_path,
         {
             "loud.py": f"""
+                import pytest
                 from pathlib import Path
                 Path({str(marker)!r}).write_text("ran")
-                import pytest
                 raise SystemExit(3)
             """,
         },
@@ -97,30 +140,46 @@ def test_the_users_modules_are_read_never_run(tmp_path: Path) -> None:
         ({"latin.py": "x = '\xe9'\n"}, "latin:fixture"),
         ({}, "not a name:fixture"),
         ({}, ":fixture"),
+        ({"deep.py": "x = a" + " + a" * 200_000 + "\n"}, "deep:fixture"),  # RecursionError
+        ({"nots.py": "x = " + "not " * 100_000 + "x\n"}, "nots:fixture"),  # MemoryError
+        # A namespace package inside a regular one: PathFinder asks sys.modules for its parent.
+        (
+            {"app/__init__.py": "", "app/models/net.py": "", "nsloop.py": "import app.models.net"},
+            "nsloop:fixture",
+        ),
     ],
+    ids=["absent", "syntax", "latin-1", "not-a-name", "no-module", "deep", "nots", "namespace"],
 )
 def test_what_cannot_be_read_gives_nothing_and_raises_nothing(
     tmp_path: Path, files: dict[str, str], spec: str
 ) -> None:
-    _write(tmp_path, {})
     for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(text.encode("latin-1"))
     assert library_imports(spec, [str(tmp_path), *sys.path]) == []
+
+
+def test_a_module_in_another_encoding_is_read_as_its_coding_line_says(tmp_path: Path) -> None:
+    text = "# -*- coding: latin-1 -*-\n'caf\xe9'\nimport pytest\n"
+    (tmp_path / "latin.py").write_bytes(text.encode("latin-1"))
+    assert library_imports("latin:fixture", [str(tmp_path), *sys.path]) == [LibraryImport("pytest")]
 
 
 def test_reading_stops_after_max_files_of_the_users_own(tmp_path: Path) -> None:
     # A chain m0 -> m1 -> ...: the first module's library is found, the last one's is not.
     count = fixture_imports.MAX_FILES + 5
     files = {f"m{i}.py": f"import m{i + 1}\n" for i in range(count)}
-    files["m0.py"] = "import pluggy\nimport m1\n"
+    files["m0.py"] = "import pluggy\nimport m1\n"  # the chain's end is never read
     files[f"m{count}.py"] = "import pytest\n"
     _write(tmp_path, files)
     assert library_imports("m0:fixture", [str(tmp_path), *sys.path]) == [LibraryImport("pluggy")]
 
 
-def test_the_imports_and_their_timeout_reach_the_server_whole() -> None:
-    imports = [LibraryImport("a.b", ("c", "d")), LibraryImport("e")]
-    assert fixture_imports.decode(fixture_imports.encode(imports, 12.5)) == (imports, 12.5)
+def test_what_the_server_is_asked_to_import_reaches_it_whole() -> None:
+    given = fixture_imports.Preload(
+        (LibraryImport("a.b", ("c", "d")), LibraryImport("e")), 12.5, "/w/server/libraries.log"
+    )
+    assert fixture_imports.Preload.decode(given.encode()) == given
 
 
 @pytest.fixture
@@ -137,8 +196,12 @@ def importable(tmp_path: Path) -> Iterator[Path]:
 
 
 @ON_POSIX
-def test_each_import_runs_as_its_statement_would_and_a_failure_is_left_with_its_error(
-    importable: Path,
+@pytest.mark.parametrize(
+    ("failing", "error"),
+    [("pre_broken", "RuntimeError: no GPU driver"), ("pre_exits", "SystemExit: 4")],
+)
+def test_each_import_runs_as_its_statement_would_up_to_the_first_that_fails(
+    importable: Path, failing: str, error: str
 ) -> None:
     _write(
         importable,
@@ -157,18 +220,15 @@ def test_each_import_runs_as_its_statement_would_and_a_failure_is_left_with_its_
             "pre_after.py": "",
         },
     )
-    left = fixture_imports.import_libraries(
-        [
-            LibraryImport("pre_lazy", ("Made", "sub")),
-            LibraryImport("pre_broken"),
-            LibraryImport("pre_exits"),
-            LibraryImport("pre_after"),
-        ],
-        60,
-    )
-    assert left == ["pre_broken: RuntimeError: no GPU driver", "pre_exits: SystemExit: 4"]
-    assert {"pre_lazy.heavy", "pre_lazy.sub", "pre_after"} <= set(sys.modules)
-    assert "pre_broken" not in sys.modules  # importlib forgets it: the worker's import runs again
+    imports = [
+        LibraryImport("pre_lazy", ("Made", "sub")),
+        LibraryImport(failing),
+        LibraryImport("pre_after"),
+    ]
+    assert fixture_imports.import_libraries(imports, 60) == [f"{failing}: {error}"]
+    assert {"pre_lazy.heavy", "pre_lazy.sub"} <= set(sys.modules)
+    # importlib forgets it, so the worker's import runs it again; what follows is the worker's.
+    assert failing not in sys.modules and "pre_after" not in sys.modules
 
 
 @ON_POSIX
@@ -177,15 +237,24 @@ def test_imports_that_outlast_the_timeout_are_left_and_the_alarm_is_put_back(
 ) -> None:
     if sys.platform == "win32":
         return  # skipped: ON_POSIX
-    _write(importable, {"pre_hangs.py": "import time\ntime.sleep(30)\n", "pre_next.py": ""})
-    handler = signal.getsignal(signal.SIGALRM)
-    started = time.monotonic()
-    left = fixture_imports.import_libraries(
-        [LibraryImport("pre_hangs"), LibraryImport("pre_next")], 0.5
+    _write(
+        importable,
+        {
+            "pre_hangs.py": "import time\ntime.sleep(30)\n",
+            # A bare except takes the first alarm; the next, a second later, ends it.
+            "pre_swallows.py": "import time\ntry:\n    time.sleep(30)\nexcept:\n    pass\ntime.sleep(30)\n",
+            "pre_next.py": "",
+        },
     )
-    assert time.monotonic() - started < 10
-    assert left == ["pre_hangs: still importing after 0.5 s"]
-    assert "pre_hangs" not in sys.modules and "pre_next" not in sys.modules
+    handler = signal.getsignal(signal.SIGALRM)
+    for hangs in ("pre_hangs", "pre_swallows"):
+        started = time.monotonic()
+        left = fixture_imports.import_libraries(
+            [LibraryImport(hangs), LibraryImport("pre_next")], 0.5
+        )
+        assert time.monotonic() - started < 10
+        assert left == [f"{hangs}: still importing after 0.5 s"]
+        assert hangs not in sys.modules and "pre_next" not in sys.modules
     assert signal.getsignal(signal.SIGALRM) == handler
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
@@ -206,4 +275,19 @@ def test_the_fixtures_own_package_is_the_users_even_where_it_is_installed(
         },
     )
     found = library_imports("mine.train:fixture", [str(tmp_path / "lib"), *sys.path])
-    assert found == [LibraryImport("theirs"), LibraryImport("pluggy")]
+    assert found == [LibraryImport("pluggy"), LibraryImport("theirs")]
+
+
+@ON_POSIX
+def test_what_the_imports_print_goes_to_the_log_not_the_terminal(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "libraries.log"
+    print("before", flush=True)
+    with fixture_imports.output_to(str(log)):
+        os.write(1, b"a warning at import\n")
+        os.write(2, b"from C\n")
+    print("after", flush=True)
+    assert log.read_text(encoding="utf-8") == "a warning at import\nfrom C\n"
+    out, err = capfd.readouterr()
+    assert (out, err) == ("before\nafter\n", "")
