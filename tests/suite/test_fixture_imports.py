@@ -93,12 +93,18 @@ def test_nothing_is_preloaded_after_the_users_code_would_run(
     assert found == ([LibraryImport("pluggy")] if "helper.py" in files else [])
 
 
-def test_a_namespace_package_split_with_site_packages_is_read_as_the_users(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # tmp_path/lib stands for site-packages and holds one portion of acme; the user's has train.
+@pytest.fixture
+def site_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path/lib, which the walk takes for one more site-packages directory."""
     real = site.getsitepackages
     monkeypatch.setattr(site, "getsitepackages", lambda *a: [*real(*a), str(tmp_path / "lib")])
+    return tmp_path / "lib"
+
+
+def test_a_namespace_package_split_with_site_packages_is_read_as_the_users(
+    tmp_path: Path, site_packages: Path
+) -> None:
+    # site-packages holds one portion of acme; the user's has train.
     _write(
         tmp_path,
         {
@@ -107,7 +113,7 @@ def test_a_namespace_package_split_with_site_packages_is_read_as_the_users(
             "loop.py": "import acme.train\n",
         },
     )
-    search = [str(tmp_path / "lib"), str(tmp_path / "src"), str(tmp_path), *sys.path]
+    search = [str(site_packages), str(tmp_path / "src"), str(tmp_path), *sys.path]
     assert library_imports("loop:fixture", search) == [
         LibraryImport("pluggy"),
         LibraryImport("acme.vendored"),
@@ -260,13 +266,11 @@ def test_imports_that_outlast_the_timeout_are_left_and_the_alarm_is_put_back(
 
 
 def test_the_fixtures_own_package_is_the_users_even_where_it_is_installed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    site_packages: Path,
 ) -> None:
-    # tmp_path/lib stands for site-packages, holding the user's installed package and a library.
-    real = site.getsitepackages
-    monkeypatch.setattr(site, "getsitepackages", lambda *a: [*real(*a), str(tmp_path / "lib")])
+    # site-packages holds the user's installed package and a library.
     _write(
-        tmp_path / "lib",
+        site_packages,
         {
             "mine/__init__.py": "",
             "mine/train.py": "import mine.data\nimport theirs\n",
@@ -274,7 +278,7 @@ def test_the_fixtures_own_package_is_the_users_even_where_it_is_installed(
             "theirs/__init__.py": "import pytest\n",
         },
     )
-    found = library_imports("mine.train:fixture", [str(tmp_path / "lib"), *sys.path])
+    found = library_imports("mine.train:fixture", [str(site_packages), *sys.path])
     assert found == [LibraryImport("pluggy"), LibraryImport("theirs")]
 
 
