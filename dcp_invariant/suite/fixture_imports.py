@@ -33,8 +33,10 @@ import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.machinery import BuiltinImporter, ModuleSpec, PathFinder
+from pathlib import Path
 from types import FrameType
 
+_LIBRARY_DIRECTORIES = ("site-packages", "dist-packages")
 # The fork server's environment carries the imports (read and dropped by .fork_server).
 LIBRARIES_ENV = "DCP_INVARIANT_PRELOAD_LIBRARIES"
 # Bounds on what is read (about 0.1 s of parsing at most): a fixture's own modules, not a
@@ -65,7 +67,8 @@ def library_imports(spec: str, search_path: Sequence[str]) -> list[LibraryImport
     run: modules are found with ``PathFinder`` on ``search_path`` and their source is parsed.
     """
     module_name = spec.partition(":")[0]
-    reader = _Reader(search_path, _Roots.here(own=module_name.partition(".")[0]))
+    roots = _Roots.here(module_name.partition(".")[0], search_path)
+    reader = _Reader(search_path, roots)
     reader.run(module_name)
     return list(reader.found)
 
@@ -304,9 +307,12 @@ class _Roots:
     own: str  # the fixture's top-level package: the user's, wherever it is installed
 
     @classmethod
-    def here(cls, own: str) -> _Roots:
+    def here(cls, own: str, search_path: Sequence[str]) -> _Roots:
         paths = sysconfig.get_paths()
         libraries = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
+        # And any such directory on the path: a venv's --system-site-packages, Debian's
+        # dist-packages, a PYTHONPATH pointing at another environment's.
+        libraries |= {p for p in search_path if p and Path(p).name in _LIBRARY_DIRECTORIES}
         if site.ENABLE_USER_SITE:
             libraries.add(site.getusersitepackages())
         stdlib = {paths["stdlib"], paths["platstdlib"]}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import site
 import sys
 import textwrap
 import time
@@ -94,21 +93,19 @@ def test_nothing_is_preloaded_after_the_users_code_would_run(
 
 
 @pytest.fixture
-def site_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """tmp_path/lib, which the walk takes for one more site-packages directory."""
-    real = site.getsitepackages
-    monkeypatch.setattr(site, "getsitepackages", lambda *a: [*real(*a), str(tmp_path / "lib")])
-    return tmp_path / "lib"
+def site_packages(tmp_path: Path) -> Path:
+    """Another environment's site-packages, as a --system-site-packages venv has on its path."""
+    return tmp_path / "other" / "site-packages"
 
 
 def test_a_namespace_package_split_with_site_packages_is_read_as_the_users(
     tmp_path: Path, site_packages: Path
 ) -> None:
     # site-packages holds one portion of acme; the user's has train.
+    _write(site_packages, {"acme/vendored.py": "import pytest\n"})
     _write(
         tmp_path,
         {
-            "lib/acme/vendored.py": "import pytest\n",
             "src/acme/train.py": "import pluggy\nimport acme.vendored\n",
             "loop.py": "import acme.train\n",
         },
