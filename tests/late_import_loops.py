@@ -13,11 +13,11 @@ RECORDS_ENV = "PRELOAD_RECORDS"
 
 
 def fixture(rank: int, world_size: int) -> Correct:
-    before = "mkdocs" in sys.modules
-    import mkdocs
+    before = "pluggy" in sys.modules
+    import pluggy
 
     Path(os.environ[RECORDS_ENV], f"{os.getpid()}-{__name__}").write_text(
         "preloaded" if before else "imported here", encoding="utf-8"
     )
-    assert mkdocs.__name__ == "mkdocs"
+    assert pluggy.__name__ == "pluggy"
     return Correct(rank, world_size)

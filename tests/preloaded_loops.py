@@ -1,7 +1,7 @@
-"""A fixture whose module opens by importing a library torch does not (mkdocs, in site-packages,
-pinned by the docs extra): each worker records whether that library was imported before this
-module, into the directory ``PRELOAD_RECORDS`` names (tests/suite/test_fixture_imports_live.py).
-"""
+"""A fixture whose module opens by importing a library torch does not (pluggy, which pytest
+requires, so it is in site-packages wherever the tests run): each worker records whether that
+library was imported before this module, into the directory ``PRELOAD_RECORDS`` names
+(tests/suite/test_fixture_imports_live.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-import mkdocs
+import pluggy
 from fixture_loops import Correct
 
 RECORDS_ENV = "PRELOAD_RECORDS"
@@ -18,7 +18,7 @@ RECORDS_ENV = "PRELOAD_RECORDS"
 # imports ran: a library found earlier was there before it (the fork server's).
 _order = list(sys.modules)
 Path(os.environ[RECORDS_ENV], f"{os.getpid()}-{__name__}").write_text(
-    "preloaded" if _order.index(mkdocs.__name__) < _order.index(__name__) else "imported here",
+    "preloaded" if _order.index(pluggy.__name__) < _order.index(__name__) else "imported here",
     encoding="utf-8",
 )
 

@@ -30,7 +30,7 @@ import signal
 import site
 import sys
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.machinery import BuiltinImporter, ModuleSpec, PathFinder
 from pathlib import Path
@@ -316,39 +316,41 @@ class _Roots:
         if site.ENABLE_USER_SITE:
             libraries.add(site.getusersitepackages())
         stdlib = {paths["stdlib"], paths["platstdlib"]}
-        return cls(
-            tuple(sorted(_real(p) for p in libraries)),
-            tuple(sorted(_real(p) for p in stdlib)),
-            own,
-        )
+        return cls(_spellings(libraries), _spellings(stdlib), own)
 
     def kind(self, name: str, spec: ModuleSpec) -> str:
         """ "library" (site-packages), "stdlib", "user" (the fixture's own package, and anything
         else), or "no code" (a namespace package of the user's, or one split between the
         user's directories and site-packages: it runs nothing itself)."""
-        if spec.origin in ("built-in", "frozen"):
+        top = name.partition(".")[0]
+        # By name first: a relocated interpreter's standard library (a copied toolcache, a
+        # conda-pack) need not lie where sysconfig says.
+        if spec.origin in ("built-in", "frozen") or (
+            top != self.own and top in sys.stdlib_module_names
+        ):
             return "stdlib"
         if spec.origin is None:  # a namespace package: where its portions are
             places = {self._place(p) for p in spec.submodule_search_locations or []}
-            own = name.partition(".")[0] == self.own
-            only = places.pop() if len(places) == 1 and not own else "no code"
+            only = places.pop() if len(places) == 1 and top != self.own else "no code"
             return "no code" if only == "user" else only
-        if name.partition(".")[0] == self.own:
+        if top == self.own:
             return "user"
         return self._place(spec.origin)
 
     def _place(self, path: str) -> str:
-        real = _real(path)
+        where = _spellings([path])
         # site-packages may lie under the standard library's directory: libraries first.
-        if any(_under(real, root) for root in self.libraries):
+        if any(_under(p, root) for p in where for root in self.libraries):
             return "library"
-        if any(_under(real, root) for root in self.stdlib):
+        if any(_under(p, root) for p in where for root in self.stdlib):
             return "stdlib"
         return "user"
 
 
-def _real(path: str) -> str:
-    return os.path.realpath(path)
+def _spellings(paths: Iterable[str]) -> tuple[str, ...]:
+    """Each path as given and with its links resolved: a directory of links to another's
+    entries (a copied interpreter's standard library) matches either way."""
+    return tuple(sorted({f(p) for p in paths for f in (os.path.abspath, os.path.realpath)}))
 
 
 def _under(path: str, root: str) -> bool:

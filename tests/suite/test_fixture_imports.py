@@ -92,6 +92,16 @@ def test_nothing_is_preloaded_after_the_users_code_would_run(
     assert found == ([LibraryImport("pluggy")] if "helper.py" in files else [])
 
 
+def test_the_standard_library_is_known_by_name_wherever_it_lies(tmp_path: Path) -> None:
+    # A relocated interpreter's json, outside where sysconfig puts the standard library: were it
+    # read as the user's, its first line of code would end the reading before pytest.
+    _write(
+        tmp_path, {"stdlib/json/__init__.py": "X = 1\n", "loop.py": "import json\nimport pytest\n"}
+    )
+    search = [str(tmp_path / "stdlib"), str(tmp_path), *sys.path]
+    assert library_imports("loop:fixture", search) == [LibraryImport("pytest")]
+
+
 @pytest.fixture
 def site_packages(tmp_path: Path) -> Path:
     """Another environment's site-packages, as a --system-site-packages venv has on its path."""
