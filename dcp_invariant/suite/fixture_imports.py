@@ -35,7 +35,11 @@ from dataclasses import dataclass
 from importlib.machinery import BuiltinImporter, ModuleSpec, PathFinder
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 
+# Where a module is imported from, as far as the fork server is concerned ("no code": a
+# namespace package, which runs nothing; "unknown": not found without running anything).
+Kind = Literal["library", "stdlib", "user", "no code", "unknown"]
 _LIBRARY_DIRECTORIES = ("site-packages", "dist-packages")
 # The fork server's environment carries the imports (read and dropped by .fork_server).
 LIBRARIES_ENV = "DCP_INVARIANT_PRELOAD_LIBRARIES"
@@ -155,7 +159,7 @@ class _Reader:
                         return False
         return True
 
-    def _kind(self, name: str) -> str:
+    def _kind(self, name: str) -> Kind:
         """ "library" where the module and each parent package live in site-packages, "stdlib"
         in the standard library, "unknown" where one cannot be found, else "user" (or "no
         code": a namespace package of the user's, which runs nothing)."""
@@ -318,7 +322,7 @@ class _Roots:
         stdlib = {paths["stdlib"], paths["platstdlib"]}
         return cls(_spellings(libraries), _spellings(stdlib), own)
 
-    def kind(self, name: str, spec: ModuleSpec) -> str:
+    def kind(self, name: str, spec: ModuleSpec) -> Kind:
         """ "library" (site-packages), "stdlib", "user" (the fixture's own package, and anything
         else), or "no code" (a namespace package of the user's, or one split between the
         user's directories and site-packages: it runs nothing itself)."""
@@ -337,7 +341,7 @@ class _Roots:
             return "user"
         return self._place(spec.origin)
 
-    def _place(self, path: str) -> str:
+    def _place(self, path: str) -> Kind:
         where = _spellings([path])
         # site-packages may lie under the standard library's directory: libraries first.
         if any(_under(p, root) for p in where for root in self.libraries):
