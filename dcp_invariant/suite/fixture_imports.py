@@ -24,6 +24,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -32,6 +34,7 @@ import sys
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from importlib.machinery import BuiltinImporter, ModuleSpec, PathFinder
 from pathlib import Path
 from types import FrameType
@@ -43,11 +46,15 @@ Kind = Literal["library", "stdlib", "user", "no code", "unknown"]
 _LIBRARY_DIRECTORIES = ("site-packages", "dist-packages")
 # The fork server's environment carries the imports (read and dropped by .fork_server).
 LIBRARIES_ENV = "DCP_INVARIANT_PRELOAD_LIBRARIES"
-# Bounds on what is read (about 0.1 s of parsing at most): a fixture's own modules, not a
-# monorepo, nor a library found outside site-packages and read as the user's.
+# Bounds on the walk (parsing alone takes about 0.7 s a MiB here; a fixture's own modules take
+# milliseconds): a fixture's modules, not a monorepo, nor a library found outside site-packages
+# and read as the user's; and on what the fork server's environment carries.
 MAX_FILES = 64
-MAX_FILE_BYTES = 1 << 20
-MAX_TOTAL_BYTES = 4 << 20
+MAX_FILE_BYTES = 256 << 10
+MAX_TOTAL_BYTES = 1 << 20
+MAX_MODULES = 512  # modules and packages looked at, namespace ones included
+MAX_PARTS = 16  # of a dotted name
+MAX_IMPORTS = 256  # statements' worth of library imports kept
 
 
 @dataclass(frozen=True)
@@ -72,9 +79,14 @@ def library_imports(spec: str, search_path: Sequence[str]) -> list[LibraryImport
     """
     module_name = spec.partition(":")[0]
     roots = _Roots.here(module_name.partition(".")[0], search_path)
-    reader = _Reader(search_path, roots)
+    reader = _Reader([p for p in search_path if isinstance(p, str)], roots)
     reader.run(module_name)
     return list(reader.found)
+
+
+def library_roots(search_path: Sequence[str]) -> tuple[str, ...]:
+    """The directories libraries live in, as given and with links resolved."""
+    return _Roots.here("", search_path).libraries
 
 
 class _Reader:
@@ -86,6 +98,12 @@ class _Reader:
         self.found: dict[LibraryImport, None] = {}
         self.ran: set[str] = set()
         self.files = self.bytes = 0
+        self._specs: dict[str, ModuleSpec | None] = {}
+
+    def find(self, name: str) -> ModuleSpec | None:
+        if name not in self._specs:
+            self._specs[name] = _find(name, self.search_path)
+        return self._specs[name]
 
     def run(self, name: str) -> bool:
         """Import ``name`` and its parents; False where the user's code would run from here."""
@@ -96,7 +114,7 @@ class _Reader:
             if part in self.ran:
                 continue
             self.ran.add(part)
-            if not self._module(part):
+            if len(self.ran) > MAX_MODULES or not self._module(part):
                 return False
         return True
 
@@ -109,7 +127,7 @@ class _Reader:
             return True
         if kind == "unknown":
             return False
-        where = _find(name, self.search_path)
+        where = self.find(name)
         if where is None or where.origin is None:
             return True  # a namespace package, here or in site-packages: it runs nothing
         data = self._read(where.origin)
@@ -145,7 +163,14 @@ class _Reader:
         for module, names in _absolute(node, package):
             kind = self._kind(module)
             if kind == "library":
-                self.found.setdefault(LibraryImport(module, names), None)
+                # ``from library import name`` imports the submodule ``name`` where the library
+                # has no such attribute: the walk goes on only where that is a library's too.
+                taken = tuple(itertools.takewhile(partial(self._a_libraries, module), names))
+                if len(self.found) >= MAX_IMPORTS:
+                    return False
+                self.found.setdefault(LibraryImport(module, taken), None)
+                if taken != names:
+                    return False
             elif kind == "stdlib":
                 continue
             elif kind == "unknown" or not self.run(module):
@@ -153,22 +178,27 @@ class _Reader:
             else:
                 # ``from package import name``: a submodule of the user's, where it is one.
                 for name in names:
-                    if _find(f"{module}.{name}", self.search_path) and not self.run(
-                        f"{module}.{name}"
-                    ):
+                    if self.find(f"{module}.{name}") and not self.run(f"{module}.{name}"):
                         return False
         return True
 
+    def _a_libraries(self, module: str, name: str) -> bool:
+        """``name`` of the library ``module`` is an attribute, or a submodule of a library."""
+        submodule = f"{module}.{name}"
+        return self.find(submodule) is None or self._kind(submodule) in ("library", "stdlib")
+
     def _kind(self, name: str) -> Kind:
-        """ "library" where the module and each parent package live in site-packages, "stdlib"
-        in the standard library, "unknown" where one cannot be found, else "user" (or "no
-        code": a namespace package of the user's, which runs nothing)."""
-        kinds = []
+        """ "library" where the module and each parent package with code live in site-packages,
+        "stdlib" where its top-level package is the standard library's, "no code" for a
+        namespace package that is neither, "unknown" where one cannot be found, else "user"."""
+        kinds: list[Kind] = []
         for part in _with_parents(name):
-            where = _find(part, self.search_path)
+            where = self.find(part)
             if where is None:
                 return "unknown"
             kinds.append(self.roots.kind(part, where))
+            if kinds[0] == "stdlib":
+                return "stdlib"  # os.path, a name that is no file, among them
         if not kinds:
             return "unknown"
         if kinds[-1] == "no code":
@@ -200,16 +230,25 @@ class Preload:
     imports: tuple[LibraryImport, ...]
     timeout: float
     log: str
+    libraries: tuple[str, ...]  # where libraries live (library_roots): a submodule must too
 
     def encode(self) -> str:
         imports = [[each.module, list(each.names)] for each in self.imports]
-        return json.dumps({"imports": imports, "log": self.log, "timeout": self.timeout})
+        return json.dumps(
+            {
+                "imports": imports,
+                "libraries": list(self.libraries),
+                "log": self.log,
+                "timeout": self.timeout,
+            }
+        )
 
     @classmethod
     def decode(cls, text: str) -> Preload:
         given = json.loads(text)
         imports = tuple(LibraryImport(module, tuple(names)) for module, names in given["imports"])
-        return cls(imports, float(given["timeout"]), str(given["log"]))
+        libraries = tuple(str(p) for p in given["libraries"])
+        return cls(imports, float(given["timeout"]), str(given["log"]), libraries)
 
 
 class _TookTooLong(BaseException):
@@ -217,12 +256,16 @@ class _TookTooLong(BaseException):
     ``except Exception`` does not take it for one of its errors."""
 
 
-def import_libraries(imports: Sequence[LibraryImport], timeout: float) -> list[str]:
+def import_libraries(
+    imports: Sequence[LibraryImport], timeout: float, libraries: Sequence[str]
+) -> list[str]:
     """Import each, in order, as its statement would, within ``timeout`` seconds in all (the
     main thread's alarm: the fork server imports in its main thread), stopping at the first
     that fails: in the worker, what follows it in the user's module may depend on how that
-    failure is handled. One line for what was left, which the worker's own import runs again
-    and reports (see the module's docstring).
+    failure is handled. A submodule a ``from`` takes is imported only where it lives under
+    ``libraries``: a library may extend its ``__path__`` at import (``pkgutil.extend_path``)
+    over a directory of the user's. One line for what was left, which the worker's own import
+    runs again and reports (see the module's docstring).
     """
     if sys.platform == "win32":
         raise OSError("no fork server on Windows (pool.start_method), nor SIGALRM")
@@ -234,11 +277,11 @@ def import_libraries(imports: Sequence[LibraryImport], timeout: float) -> list[s
             raise _TookTooLong
 
     previous = signal.signal(signal.SIGALRM, took_too_long)
-    # Again every second past the bound: a library's bare ``except:`` may swallow one alarm.
-    signal.setitimer(signal.ITIMER_REAL, timeout, 1.0)
     current = ""
     try:
         try:
+            # Again every second past the bound: a library's bare ``except:`` may swallow one.
+            signal.setitimer(signal.ITIMER_REAL, timeout, 1.0)
             for each in imports:
                 current = each.module
                 module = importlib.import_module(each.module)
@@ -246,7 +289,11 @@ def import_libraries(imports: Sequence[LibraryImport], timeout: float) -> list[s
                     # ``from MODULE import NAME``: an attribute (a lazy module makes it on
                     # access), else a submodule.
                     if not hasattr(module, name):
-                        importlib.import_module(f"{each.module}.{name}")
+                        current = f"{each.module}.{name}"
+                        if not _libraries_own(current, libraries):
+                            left.append(f"{current}: not found in site-packages")
+                            return left
+                        importlib.import_module(current)
         finally:
             alarm["armed"] = False
     except _TookTooLong:
@@ -257,6 +304,15 @@ def import_libraries(imports: Sequence[LibraryImport], timeout: float) -> list[s
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     return left
+
+
+def _libraries_own(name: str, libraries: Sequence[str]) -> bool:
+    """Whether the submodule ``name`` (its parent imported) would load from under ``libraries``:
+    found as the import would find it, through the parent's ``__path__``, without running it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return False
+    return any(_under(p, root) for p in _spellings([spec.origin]) for root in libraries)
 
 
 @contextlib.contextmanager
@@ -272,8 +328,10 @@ def output_to(log: str) -> Iterator[None]:
         os.dup2(fd, 2)
         yield
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            # Into the log, before the descriptors go back; unless an import closed it.
+            if not stream.closed:
+                stream.flush()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for each in (fd, *saved):
@@ -316,10 +374,14 @@ class _Roots:
         libraries = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
         # And any such directory on the path: a venv's --system-site-packages, Debian's
         # dist-packages, a PYTHONPATH pointing at another environment's.
-        libraries |= {p for p in search_path if p and Path(p).name in _LIBRARY_DIRECTORIES}
+        libraries |= {
+            p for p in search_path if isinstance(p, str) and Path(p).name in _LIBRARY_DIRECTORIES
+        }
         if site.ENABLE_USER_SITE:
             libraries.add(site.getusersitepackages())
-        stdlib = {paths["stdlib"], paths["platstdlib"]}
+        # And where this interpreter's own standard library is: a copied interpreter's need not
+        # be where sysconfig says.
+        stdlib = {paths["stdlib"], paths["platstdlib"], os.path.dirname(os.__file__)}
         return cls(_spellings(libraries), _spellings(stdlib), own)
 
     def kind(self, name: str, spec: ModuleSpec) -> Kind:
@@ -327,11 +389,7 @@ class _Roots:
         else), or "no code" (a namespace package of the user's, or one split between the
         user's directories and site-packages: it runs nothing itself)."""
         top = name.partition(".")[0]
-        # By name first: a relocated interpreter's standard library (a copied toolcache, a
-        # conda-pack) need not lie where sysconfig says.
-        if spec.origin in ("built-in", "frozen") or (
-            top != self.own and top in sys.stdlib_module_names
-        ):
+        if spec.origin in ("built-in", "frozen"):
             return "stdlib"
         if spec.origin is None:  # a namespace package: where its portions are
             places = {self._place(p) for p in spec.submodule_search_locations or []}
@@ -410,6 +468,6 @@ def _absolute(
 def _with_parents(name: str) -> list[str]:
     """``a``, ``a.b``, ``a.b.c`` for ``a.b.c``; nothing for what is not a dotted name."""
     parts = name.split(".")
-    if not all(part.isidentifier() for part in parts):
+    if len(parts) > MAX_PARTS or not all(part.isidentifier() for part in parts):
         return []
     return [".".join(parts[: i + 1]) for i in range(len(parts))]

@@ -33,7 +33,16 @@ worker.import_frozen(pool.PRELOAD)
 _given = os.environ.pop(fixture_imports.LIBRARIES_ENV, "")
 if _given:
     _preload = fixture_imports.Preload.decode(_given)
-    with worker.imports_frozen(), fixture_imports.output_to(_preload.log):
-        for _left in fixture_imports.import_libraries(_preload.imports, _preload.timeout):
-            # Each worker imports it again and reports what it raises (fixture_imports).
-            print(f"left to the workers: {_left}", file=sys.stderr, flush=True)
+    try:
+        with worker.imports_frozen(), fixture_imports.output_to(_preload.log):
+            for _left in fixture_imports.import_libraries(
+                _preload.imports, _preload.timeout, _preload.libraries
+            ):
+                # Each worker imports it again and reports what it raises (fixture_imports).
+                print(f"left to the workers: {_left}", file=sys.stderr, flush=True)
+    except Exception as _exc:
+        # The server must start whatever happened here (multiprocessing's preload loop lets
+        # anything but an ImportError end it): the workers import what was not.
+        print(
+            f"dcp-invariant: the fork server left the fixture's libraries: {_exc}", file=sys.stderr
+        )

@@ -214,7 +214,10 @@ class _ForkServer:
             imports = fixture_imports.library_imports(self._fixture, sys.path)
             if imports:
                 given = fixture_imports.Preload(
-                    tuple(imports), self._timeout, str(workdir / "libraries.log")
+                    tuple(imports),
+                    self._timeout,
+                    str(workdir / "libraries.log"),
+                    fixture_imports.library_roots(sys.path),
                 )
                 isolated[fixture_imports.LIBRARIES_ENV] = given.encode()  # and this
         saved = {key: os.environ.get(key) for key in isolated}

@@ -4,6 +4,7 @@ these tests run) and json for the standard library."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -92,14 +93,24 @@ def test_nothing_is_preloaded_after_the_users_code_would_run(
     assert found == ([LibraryImport("pluggy")] if "helper.py" in files else [])
 
 
-def test_the_standard_library_is_known_by_name_wherever_it_lies(tmp_path: Path) -> None:
-    # A relocated interpreter's json, outside where sysconfig puts the standard library: were it
-    # read as the user's, its first line of code would end the reading before pytest.
-    _write(
-        tmp_path, {"stdlib/json/__init__.py": "X = 1\n", "loop.py": "import json\nimport pytest\n"}
-    )
-    search = [str(tmp_path / "stdlib"), str(tmp_path), *sys.path]
+def test_the_standard_library_reached_through_links_is_still_the_standard_library(
+    tmp_path: Path,
+) -> None:
+    # A copied interpreter whose standard library is a directory of links to another's entries
+    # (a toolcache): were json read as the user's, its first line of code would end the walk.
+    linked = tmp_path / "python" / "lib"
+    linked.mkdir(parents=True)
+    (linked / "json").symlink_to(Path(json.__file__).parent)
+    _write(tmp_path, {"loop.py": "import json\nimport os.path\nimport pytest\n"})
+    search = [str(linked), str(tmp_path), *sys.path]
     assert library_imports("loop:fixture", search) == [LibraryImport("pytest")]
+
+
+def test_a_module_of_the_users_named_as_one_of_the_standard_librarys_is_the_users(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path, {"code.py": "X = 1\n", "loop.py": "import code\nimport pytest\n"})
+    assert library_imports("loop:fixture", [str(tmp_path), *sys.path]) == []
 
 
 @pytest.fixture
@@ -190,7 +201,10 @@ def test_reading_stops_after_max_files_of_the_users_own(tmp_path: Path) -> None:
 
 def test_what_the_server_is_asked_to_import_reaches_it_whole() -> None:
     given = fixture_imports.Preload(
-        (LibraryImport("a.b", ("c", "d")), LibraryImport("e")), 12.5, "/w/server/libraries.log"
+        (LibraryImport("a.b", ("c", "d")), LibraryImport("e")),
+        12.5,
+        "/w/server/libraries.log",
+        ("/venv/lib/python3.11/site-packages",),
     )
     assert fixture_imports.Preload.decode(given.encode()) == given
 
@@ -238,7 +252,9 @@ def test_each_import_runs_as_its_statement_would_up_to_the_first_that_fails(
         LibraryImport(failing),
         LibraryImport("pre_after"),
     ]
-    assert fixture_imports.import_libraries(imports, 60) == [f"{failing}: {error}"]
+    assert fixture_imports.import_libraries(imports, 60, [str(importable)]) == [
+        f"{failing}: {error}"
+    ]
     assert {"pre_lazy.heavy", "pre_lazy.sub"} <= set(sys.modules)
     # importlib forgets it, so the worker's import runs it again; what follows is the worker's.
     assert failing not in sys.modules and "pre_after" not in sys.modules
@@ -263,7 +279,7 @@ def test_imports_that_outlast_the_timeout_are_left_and_the_alarm_is_put_back(
     for hangs in ("pre_hangs", "pre_swallows"):
         started = time.monotonic()
         left = fixture_imports.import_libraries(
-            [LibraryImport(hangs), LibraryImport("pre_next")], 0.5
+            [LibraryImport(hangs), LibraryImport("pre_next")], 0.5, [str(importable)]
         )
         assert time.monotonic() - started < 10
         assert left == [f"{hangs}: still importing after 0.5 s"]
@@ -302,3 +318,53 @@ def test_what_the_imports_print_goes_to_the_log_not_the_terminal(
     assert log.read_text(encoding="utf-8") == "a warning at import\nfrom C\n"
     out, err = capfd.readouterr()
     assert (out, err) == ("before\nafter\n", "")
+
+
+@ON_POSIX
+def test_a_submodule_a_library_would_take_from_the_users_directory_is_not_imported(
+    importable: Path,
+) -> None:
+    # A library that extends its __path__ over every directory of its name on sys.path, one of
+    # them the user's: `from pre_ext import mine` would run the user's module.
+    marker = importable / "ran"
+    libraries = importable / "env" / "site-packages"
+    _write(
+        importable,
+        {
+            "env/site-packages/pre_ext/__init__.py": (
+                "from pkgutil import extend_path\n__path__ = extend_path(__path__, __name__)\n"
+            ),
+            "pre_ext/mine.py": f"from pathlib import Path\nPath({str(marker)!r}).write_text('')\n",
+        },
+    )
+    sys.path.insert(0, str(libraries))
+    try:
+        left = fixture_imports.import_libraries(
+            [LibraryImport("pre_ext", ("mine",))], 60, fixture_imports.library_roots(sys.path)
+        )
+    finally:
+        sys.path.remove(str(libraries))
+    assert left == ["pre_ext.mine: not found in site-packages"]
+    assert not marker.exists()
+
+
+@ON_POSIX
+def test_an_alarm_however_soon_never_escapes(importable: Path) -> None:
+    _write(importable, {f"pre_quick{i}.py": "" for i in range(3)})
+    for _ in range(20):
+        imports = [LibraryImport(f"pre_quick{i}") for i in range(3)]
+        left = fixture_imports.import_libraries(imports, 1e-6, [str(importable)])
+        assert left in ([], [f"{left[0].partition(':')[0]}: still importing after 1e-06 s"])
+        for i in range(3):
+            sys.modules.pop(f"pre_quick{i}", None)
+
+
+@ON_POSIX
+def test_an_import_that_closes_stdout_leaves_the_descriptors_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdout", open(tmp_path / "out", "w", encoding="utf-8"))  # noqa: SIM115
+    with fixture_imports.output_to(str(tmp_path / "libraries.log")):
+        sys.stdout.close()  # a flush would now raise ValueError
+    os.write(1, b"after\n")
+    assert capfd.readouterr().out == "after\n"
