@@ -381,7 +381,12 @@ class _Roots:
             libraries.add(site.getusersitepackages())
         # And where this interpreter's own standard library is: a copied interpreter's need not
         # be where sysconfig says.
-        stdlib = {paths["stdlib"], paths["platstdlib"], os.path.dirname(os.__file__)}
+        stdlib = {
+            paths["stdlib"],
+            paths["platstdlib"],
+            os.path.dirname(os.__file__),
+            os.path.dirname(os.path.realpath(os.__file__)),  # a link to another's: that one's
+        }
         return cls(_spellings(libraries), _spellings(stdlib), own)
 
     def kind(self, name: str, spec: ModuleSpec) -> Kind:
