@@ -29,9 +29,7 @@ import itertools
 import json
 import os
 import signal
-import site
 import sys
-import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +37,8 @@ from importlib.machinery import BuiltinImporter, ModuleSpec, PathFinder
 from pathlib import Path
 from types import FrameType
 from typing import Literal
+
+from dcp_invariant.suite import installation
 
 # Where a module is imported from, as far as the fork server is concerned ("no code": a
 # namespace package, which runs nothing; "unknown": not found without running anything).
@@ -77,23 +77,27 @@ def library_imports(spec: str, search_path: Sequence[str]) -> list[LibraryImport
     imported, or patch one), and what follows is left to the workers. Nothing is imported or
     run: modules are found with ``PathFinder`` on ``search_path`` and their source is parsed.
     """
-    module_name = spec.partition(":")[0]
-    roots = _Roots.here(module_name.partition(".")[0], search_path)
+    return _library_imports(spec, search_path, _Roots.here(spec, search_path))
+
+
+def preload(spec: str, search_path: Sequence[str], timeout: float, log: str) -> Preload | None:
+    """What the fork server is asked to import for the fixture ``spec``; None where nothing."""
+    roots = _Roots.here(spec, search_path)
+    imports = _library_imports(spec, search_path, roots)
+    return Preload(tuple(imports), timeout, log, roots.libraries) if imports else None
+
+
+def _library_imports(spec: str, search_path: Sequence[str], roots: _Roots) -> list[LibraryImport]:
     reader = _Reader([p for p in search_path if isinstance(p, str)], roots)
-    reader.run(module_name)
+    reader.run(spec.partition(":")[0])
     return list(reader.found)
-
-
-def library_roots(search_path: Sequence[str]) -> tuple[str, ...]:
-    """The directories libraries live in, as given and with links resolved."""
-    return _Roots.here("", search_path).libraries
 
 
 class _Reader:
     """One walk through the user's modules, in the order an import would run them."""
 
-    def __init__(self, search_path: Sequence[str], roots: _Roots) -> None:
-        self.search_path = list(search_path)
+    def __init__(self, search_path: list[str], roots: _Roots) -> None:
+        self.search_path = search_path
         self.roots = roots
         self.found: dict[LibraryImport, None] = {}
         self.ran: set[str] = set()
@@ -230,7 +234,7 @@ class Preload:
     imports: tuple[LibraryImport, ...]
     timeout: float
     log: str
-    libraries: tuple[str, ...]  # where libraries live (library_roots): a submodule must too
+    libraries: tuple[str, ...]  # where libraries live: a submodule a from takes must too
 
     def encode(self) -> str:
         imports = [[each.module, list(each.names)] for each in self.imports]
@@ -369,21 +373,19 @@ class _Roots:
     own: str  # the fixture's top-level package: the user's, wherever it is installed
 
     @classmethod
-    def here(cls, own: str, search_path: Sequence[str]) -> _Roots:
-        paths = sysconfig.get_paths()
-        libraries = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
+    def here(cls, spec: str, search_path: Sequence[str]) -> _Roots:
+        """The roots for the fixture ``spec``, whose top-level package is the user's."""
+        own = spec.partition(":")[0].partition(".")[0]
+        libraries = set(installation.package_directories())
         # And any such directory on the path: a venv's --system-site-packages, Debian's
         # dist-packages, a PYTHONPATH pointing at another environment's.
         libraries |= {
             p for p in search_path if isinstance(p, str) and Path(p).name in _LIBRARY_DIRECTORIES
         }
-        if site.ENABLE_USER_SITE:
-            libraries.add(site.getusersitepackages())
         # And where this interpreter's own standard library is: a copied interpreter's need not
         # be where sysconfig says.
         stdlib = {
-            paths["stdlib"],
-            paths["platstdlib"],
+            *installation.stdlib_directories(),
             os.path.dirname(os.__file__),
             os.path.dirname(os.path.realpath(os.__file__)),  # a link to another's: that one's
         }

@@ -211,14 +211,10 @@ class _ForkServer:
         isolated = worker.isolated_environment(workdir)
         isolated[worker.PARENT_PID_ENV] = str(os.getpid())  # read and dropped by .fork_server
         if self._fixture is not None:
-            imports = fixture_imports.library_imports(self._fixture, sys.path)
-            if imports:
-                given = fixture_imports.Preload(
-                    tuple(imports),
-                    self._timeout,
-                    str(workdir / "libraries.log"),
-                    fixture_imports.library_roots(sys.path),
-                )
+            given = fixture_imports.preload(
+                self._fixture, sys.path, self._timeout, str(workdir / "libraries.log")
+            )
+            if given is not None:
                 isolated[fixture_imports.LIBRARIES_ENV] = given.encode()  # and this
         saved = {key: os.environ.get(key) for key in isolated}
         os.environ.update(isolated)

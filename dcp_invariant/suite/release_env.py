@@ -18,10 +18,8 @@ import json
 import os
 import platform
 import shutil
-import site
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from dcp_invariant import canonical, other_release, runtimes
 from dcp_invariant.commit.errors import StoreError
 from dcp_invariant.commit.lock import exclusive
 from dcp_invariant.errors import ReleaseEnvError
+from dcp_invariant.suite import installation
 
 INSTALL_TIMEOUT = 1800.0  # PyPI's CUDA build of torch is several GB with its nvidia-* packages
 PROBE_TIMEOUT = 300.0
@@ -297,10 +296,8 @@ def worker_search_path() -> list[str]:
     found (the current directory for an empty entry, as multiprocessing's children get it), but
     neither the runner's standard library nor its site-packages, nor any directory that holds
     a torch or numpy of its own: either would shadow the environment's."""
-    paths = sysconfig.get_paths()
-    stdlib = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")}
-    own = [paths["purelib"], paths["platlib"], *site.getsitepackages(), site.getusersitepackages()]
-    excluded = {os.path.realpath(p) for p in own if p}
+    stdlib = {os.path.realpath(p) for p in installation.stdlib_directories()}
+    excluded = {os.path.realpath(p) for p in installation.package_directories()}
     kept: list[str] = []
     for entry in sys.path:
         resolved = os.path.realpath(entry or os.getcwd())

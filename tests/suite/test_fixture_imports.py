@@ -340,7 +340,7 @@ def test_a_submodule_a_library_would_take_from_the_users_directory_is_not_import
     sys.path.insert(0, str(libraries))
     try:
         left = fixture_imports.import_libraries(
-            [LibraryImport("pre_ext", ("mine",))], 60, fixture_imports.library_roots(sys.path)
+            [LibraryImport("pre_ext", ("mine",))], 60, [str(libraries)]
         )
     finally:
         sys.path.remove(str(libraries))
