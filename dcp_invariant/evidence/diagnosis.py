@@ -169,6 +169,24 @@ def resumed_exactly(
     )
 
 
+def holds_anothers_copy(saved: Keys, loaded: Keys, saved_elsewhere: Mapping[int, Keys]) -> bool:
+    """Every key loaded other than saved holds what another rank saved under it: the
+    checkpoint kept one rank's copy of a value that differs by rank (DCP keeps one copy of a
+    value that is not a DTensor; Fabric's DDPStrategy saves global rank 0's state alone,
+    ``save_checkpoint`` in lightning/fabric/strategies/strategy.py).
+
+    With every resumed step matching, that copy was overwritten before anything read it, as
+    DDP's forward broadcasts rank 0's buffers (``_check_and_sync_module_buffers`` in
+    torch/nn/parallel/distributed.py), and the state right after the load is one the checkpoint
+    holds: a checkpoint taken then resumes alike. Not ``restored late``, nothing lost.
+    """
+    keys = differing_keys(saved, loaded)
+    return bool(keys) and all(
+        key in loaded and any(other.get(key) == loaded[key] for other in saved_elsewhere.values())
+        for key in keys
+    )
+
+
 def restored_late(where: str, saved: Keys, loaded: Keys, load: str) -> list[str]:
     """Loaded != saved, yet the resumed steps all match (:func:`resumed_exactly`): ``load``
     (``load_state_dict()``, or the app's ``load()``) keeps what it got and applies it later."""
@@ -181,8 +199,15 @@ def restored_late(where: str, saved: Keys, loaded: Keys, load: str) -> list[str]
     ]
 
 
-def round_trip_hints(saved: Keys, loaded: Keys) -> list[str]:
-    """What usually causes the cause-1 keys found, said once per scenario."""
+# torch.nn.modules.batchnorm._NormBase's buffers, which each rank updates from its own batch.
+_BATCH_NORM_STATISTIC = re.compile(r"\.(running_mean|running_var|num_batches_tracked)$")
+
+
+def round_trip_hints(
+    saved: Keys, loaded: Keys, saved_elsewhere: Mapping[int, Keys] | None = None
+) -> list[str]:
+    """What usually causes the cause-1 keys found, said once per scenario; ``saved_elsewhere``:
+    what the other ranks saved, by rank."""
     hints = []
     keys = differing_keys(saved, loaded)
     if any(k not in loaded and ".state." in k for k in keys) or any(
@@ -192,6 +217,18 @@ def round_trip_hints(saved: Keys, loaded: Keys) -> list[str]:
             "hint: optimizer state came back empty or incomplete: DCP fills only the keys the "
             "fresh state_dict() already has; save and load the optimizer with "
             "torch.distributed.checkpoint.state_dict.get_state_dict / set_state_dict"
+        )
+    others = (saved_elsewhere or {}).values()
+    if any(
+        _BATCH_NORM_STATISTIC.search(k) and any(o.get(k) == loaded.get(k) for o in others)
+        for k in keys
+        if k in saved
+    ):
+        hints.append(
+            "hint: BatchNorm's running statistics differ by rank (each rank normalizes its own "
+            "batch) and DCP keeps one rank's copy: under DDP, whose forward broadcasts rank 0's "
+            "buffers, broadcast them from rank 0 in state_dict() (torch.distributed.broadcast"
+            "(buffer, 0)) so that the copy kept is rank 0's; or use SyncBatchNorm"
         )
     if any(k in saved and k in loaded and kind(saved[k]) != kind(loaded[k]) for k in keys):
         hints.append(
@@ -210,10 +247,12 @@ def step_divergence(
     loaded_equals_saved: bool,
     outside: tuple[str, str] = (OUTSIDE_STATE_DICT, SUSPECTS),
     objects: str = "",
+    lost: str = ROUND_TRIP,
 ) -> list[str]:
     """The first resumed step whose loss or state differs from the uninterrupted run;
     ``outside``: the cause and advice when what was loaded equals what was saved; ``objects``:
-    the app's attributes that differ after the load, named before the advice."""
+    the app's attributes that differ after the load, named before the advice; ``lost``: the
+    cause a step that follows from a lost key is filed under (:func:`round_trip_cause`)."""
     for index, (want, got) in enumerate(zip(reference, resumed, strict=False), start=1):
         keys = differing_keys(want["keys"], got["keys"])
         if want["loss"] == got["loss"] and not keys:
@@ -227,8 +266,11 @@ def step_divergence(
             shown = [f"{k}{_magnitude(diffs, phase, k)}" for k in keys[:MAX_KEYS_NAMED]]
             facts.append("keys that differ first: " + named(shown + keys[MAX_KEYS_NAMED:]))
         if not loaded_equals_saved:
+            # Filed under the cause that explains it, as every reason is (check() groups
+            # reasons by the text before their first ": ").
             return [
-                f"{where}: {step} differs, a consequence of the keys above: " + "; ".join(facts)
+                f"{lost}: {where}: {step} differs, a consequence of the keys above: "
+                + "; ".join(facts)
             ]
         cause, advice = outside
         lead = "loaded == saved, but" if cause == OUTSIDE_STATE_DICT else "after the app's load(),"

@@ -30,6 +30,24 @@ def test_a_correct_fabric_loop_under_ddp_resumes_exactly_at_two_ranks() -> None:
 
 
 @pytest.mark.live
+def test_ddp_batch_norm_statistics_resumed_from_rank_0s_copy_are_no_false_alarm() -> None:
+    """Each rank's BatchNorm statistics differ at the save and fabric.save keeps rank 0's: rank
+    1 resumes them, DDP's forward broadcasts rank 0's anyway, and every step matches. Fabric's
+    save and DDP's broadcast are what make it so: the observations show rank 1 loaded rank 0's
+    statistics, not its own."""
+    import fixture_runs
+
+    names = ["resume_2", "elastic_restart_2_to_2"]
+    reasons, observed = fixture_runs.run("fabric_loops:ddp_batch_norm", names, (2,))
+    assert reasons == {name: [] for name in names}
+    saved = {r["rank"]: r["saved"] for r in observed["resume_2"]["reference"]["ranks"]}
+    loaded = {r["rank"]: r["loaded"] for r in observed["resume_2"]["target"]["ranks"]}
+    key = "app.model.1.running_mean"
+    assert saved[0][key] != saved[1][key], "the statistics differ by rank at the save"
+    assert loaded[1][key] == saved[0][key] == loaded[0][key]
+
+
+@pytest.mark.live
 def test_the_fsdp2_example_resumes_exactly_and_reshards_as_it_declares() -> None:
     """FSDP2 through ModelParallelStrategy (a loop that restores what Fabric's load leaves as
     raw state dicts): no false alarm at two ranks, fabric.load refuses its save cut short, and

@@ -61,6 +61,19 @@ def test_hints_point_at_get_state_dict_for_an_emptied_optimizer_and_at_casts() -
     assert "dtype or shape changed" in cast
 
 
+def test_batch_norm_statistics_holding_another_ranks_copy_point_at_ddps_broadcast() -> None:
+    saved = keys(bn__running_mean=f"float32[4] {A}", w=f"float32[4] {A}")
+    loaded = keys(bn__running_mean=f"float32[4] {B}", w=f"float32[4] {A}")
+    rank_1 = keys(bn__running_mean=f"float32[4] {B}", w=f"float32[4] {A}")
+    [hint] = diagnosis.round_trip_hints(saved, loaded, {1: rank_1})
+    assert hint.startswith("hint: BatchNorm's running statistics differ by rank")
+    assert "broadcast them from rank 0 in state_dict()" in hint
+    # Not another rank's copy (a load that lost it, at one rank): not this hint.
+    assert diagnosis.round_trip_hints(saved, loaded, {}) == []
+    other_key = keys(w=f"float32[4] {B}")
+    assert diagnosis.round_trip_hints(keys(w=f"float32[4] {A}"), other_key, {1: other_key}) == []
+
+
 def test_step_divergence_blames_state_outside_state_dict_only_when_loads_matched() -> None:
     reference = [step("0x1.0p+0", w=f"float32[2] {A}"), step("0x1.0p-1", w=f"float32[2] {B}")]
     resumed = [reference[0], step("0x1.8p-1", w=f"float32[2] {C}")]
@@ -70,8 +83,15 @@ def test_step_divergence_blames_state_outside_state_dict_only_when_loads_matched
     )
     assert "loss expected 0.5 (0x1.0p-1), got 0.75 (0x1.8p-1)" in reason
     assert "keys that differ first: app.w" in reason
+    # A step that follows from a lost key is filed under the loss's cause, as check() groups it.
     [consequence] = diagnosis.step_divergence("rank 0", reference, resumed, [], 3, False)
-    assert consequence.startswith("rank 0: step 5 (resumed step 2) differs, a consequence")
+    assert consequence.startswith(
+        "did not round-trip through DCP: rank 0: step 5 (resumed step 2) differs, a consequence"
+    )
+    [own] = diagnosis.step_divergence(
+        "rank 0", reference, resumed, [], 3, False, lost=diagnosis.APP_ROUND_TRIP
+    )
+    assert own.startswith(f"{diagnosis.APP_ROUND_TRIP}: rank 0: step 5")
     assert diagnosis.step_divergence("rank 0", reference, reference, [], 3, True) == []
 
 

@@ -57,6 +57,27 @@ def test_a_load_applied_at_the_first_step_is_restored_late(name: str) -> None:
     assert "right after the app's load()," in derive(name, obs, own)[0]
 
 
+def test_a_copy_of_another_ranks_value_that_the_first_step_overwrites_passes() -> None:
+    """A value that differs by rank at the save (DDP's BatchNorm buffers) and one rank's copy
+    kept (Fabric saves rank 0's state alone; DCP keeps one copy): rank 1 resumes rank 0's, its
+    steps all match, since DDP's forward broadcasts rank 0's buffers. Nothing was lost, and a
+    checkpoint taken right after the load holds the same copy: no reason. A value no rank
+    saved is still restored late."""
+    obs = real("resume_2")
+    ranks = {r["rank"]: r for r in obs["target"]["ranks"]}
+    key = next(k for k in ranks[0]["loaded"] if k.startswith("app.model."))
+    rank_0s = other(ranks[0]["loaded"][key])
+    for arm in ("reference", "repeat"):
+        next(r for r in obs[arm]["ranks"] if r["rank"] == 0)["saved"][key] = rank_0s
+    ranks[0]["loaded"][key] = ranks[1]["loaded"][key] = rank_0s
+    assert derive("resume_2", obs) == []
+    assert derive("resume_2", obs, RUN_PLAN.checkpointed_by(plan.own_shape())) == []
+
+    ranks[1]["loaded"][key] = rank_0s.split(" ")[0] + " " + "2" * 64
+    [reason] = derive("resume_2", obs)
+    assert reason.startswith(f"{diagnosis.RESTORED_LATE}: rank 1: "), reason
+
+
 def test_a_key_lost_at_the_load_that_the_steps_show_is_not_restored_late() -> None:
     """The same key lost, and the first resumed step's state differs too: it did not
     round-trip, whatever the steps did after."""

@@ -661,17 +661,82 @@ def test_elastic_checks_each_rank_against_its_own_state() -> None:
     assert rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED) == []
 
 
+def _resumed_rank_0s_data(obs: Obs, moved: bool) -> None:
+    """Restarted rank 1 loads rank 0's value (what a key shared by all ranks gives) and, if
+    ``moved``, takes a step that differs from its uninterrupted one."""
+    target_1 = next(r for r in obs["target"]["ranks"] if r["rank"] == 1)
+    target_1["loaded"]["data"] = "1" * 64
+    if moved:
+        target_1["next"]["digests"]["data"] = "2" * 64
+        target_1["next"]["loss"] = "0x1.8000000000000p-1"
+    reaggregate(obs)
+
+
 def test_elastic_names_a_rank_that_resumed_anothers_state() -> None:
     obs = _per_rank_elastic()
-    target_1 = next(r for r in obs["target"]["ranks"] if r["rank"] == 1)
-    target_1["loaded"]["data"] = "1" * 64  # rank 0's value: what a key shared by all ranks gives
-    reaggregate(obs)
+    _resumed_rank_0s_data(obs, moved=True)
 
     reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
 
     assert reasons, "rank 1 resumed rank 0's state"
     assert all(r.startswith(diagnosis.ROUND_TRIP) for r in reasons), reasons
     assert any("restarted rank 1: after load: component 'data'" in r for r in reasons), reasons
+
+
+def test_elastic_passes_a_rank_given_anothers_copy_that_its_step_overwrites() -> None:
+    # DDP's BatchNorm buffers, saved by rank 0 alone (Fabric) or kept as one copy (DCP): rank 1
+    # resumes rank 0's, and DDP's forward broadcasts rank 0's anyway; the step matches.
+    obs = _per_rank_elastic()
+    _resumed_rank_0s_data(obs, moved=False)
+    assert rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED) == []
+    # Not a copy any rank saved: lost, whatever the step did.
+    next(r for r in obs["target"]["ranks"] if r["rank"] == 1)["loaded"]["data"] = "3" * 64
+    reaggregate(obs)
+    reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
+    assert reasons == [
+        f"{diagnosis.ROUND_TRIP}: restarted rank 1: after load: component 'data' differs from "
+        "the uninterrupted run"
+    ]
+
+
+def test_a_step_moved_by_another_ranks_lost_state_is_filed_under_that_loss() -> None:
+    # DDP's BatchNorm: rank 1 resumes rank 0's per-rank buffers, and rank 0, whose own load was
+    # whole, steps with it (an all-reduce, rank 0's buffers broadcast): its step differs too, and
+    # nothing outside state_dict() is to blame.
+    obs = _per_rank_elastic()
+    _resumed_rank_0s_data(obs, moved=True)
+    target_0 = next(r for r in obs["target"]["ranks"] if r["rank"] == 0)
+    target_0["next"]["loss"] = OTHER_LOSS
+    target_0["next"]["digests"]["model"] = OTHER_HEX
+    reaggregate(obs)
+
+    reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
+
+    moved, *also = [r for r in reasons if "restarted rank 0" in r]
+    assert also == [
+        f"{diagnosis.ROUND_TRIP}: restarted rank 0: after the resumed step: component 'model' "
+        "differs from the uninterrupted run"
+    ]
+    assert moved.startswith(f"{diagnosis.ROUND_TRIP}: restarted rank 0: resumed step loss"), moved
+    assert moved.endswith("a consequence of another rank's load (ranks step together)"), moved
+    assert all(r.startswith(diagnosis.ROUND_TRIP) for r in reasons), reasons
+
+
+def test_a_resharded_rank_moved_by_anothers_lost_state_is_filed_under_that_loss() -> None:
+    obs = real("training_1_to_2")
+    first, last = obs["target"]["ranks"][0], last_target(obs)
+    last["loaded"]["data"] = OTHER_HEX
+    first["next"]["loss"] = OTHER_LOSS
+    reaggregate(obs)
+
+    reasons = rules.derive("training_1_to_2", obs, run_plan=plan.REGISTERED)
+
+    assert reasons and all(r.startswith(diagnosis.ROUND_TRIP) for r in reasons), reasons
+    assert any(
+        r.startswith(f"{diagnosis.ROUND_TRIP}: target rank 0: resumed step loss")
+        and r.endswith("a consequence of another rank's load (ranks step together)")
+        for r in reasons
+    ), reasons
 
 
 def test_a_resumed_step_that_differs_after_an_exact_load_is_state_outside_state_dict() -> None:

@@ -4,6 +4,7 @@ sightings across scenarios."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dcp_invariant import dcp_layout, plan
@@ -11,7 +12,14 @@ from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.checks import Check, boolean, integer, list_of, optional, record
 from dcp_invariant.evidence.families._groups import group_finished
 from dcp_invariant.evidence.families._promotion import loaded_through_pointer
-from dcp_invariant.evidence.families._record_parts import Obs, commit, digests, group, step
+from dcp_invariant.evidence.families._record_parts import (
+    AGGREGATE,
+    Obs,
+    commit,
+    digests,
+    group,
+    step,
+)
 from dcp_invariant.evidence.families._sightings import Sightings
 from dcp_invariant.evidence.families.records import CommitRecord
 
@@ -46,6 +54,34 @@ def saved_and_stepped(
     return reasons, saved, reference
 
 
+def lost_at_load(
+    rank: Obs, saved: Any, reference: Any, saved_elsewhere: Mapping[int, Any] | None = None
+) -> bool:
+    """Whether a resumed rank loaded other state than its source rank saved, which its next
+    step did not make good: a component that holds another rank's saved copy (of
+    ``saved_elsewhere``, by rank) is not lost when the step then matches the uninterrupted
+    run's (:func:`dcp_invariant.evidence.diagnosis.holds_anothers_copy`)."""
+    if saved is None or rank["loaded"] is None:
+        return False
+    if not _compare_digests(saved, rank["loaded"], ""):
+        return False
+    stepped_alike = (
+        reference is not None
+        and rank["next"] is not None
+        and rank["next"]["loss"] == reference["loss"]
+        and not _compare_digests(reference["digests"], rank["next"]["digests"], "")
+    )
+    others = {r: _components(s) for r, s in (saved_elsewhere or {}).items()}
+    return not (
+        stepped_alike
+        and diagnosis.holds_anothers_copy(_components(saved), _components(rank["loaded"]), others)
+    )
+
+
+def _components(digests: Any) -> dict[str, str]:
+    return {c: d for c, d in digests.items() if c != AGGREGATE}
+
+
 def resumed(
     rank: Obs,
     commit: CommitRecord,
@@ -53,20 +89,36 @@ def resumed(
     reference: Any,
     where: str,
     scenario: plan.Scenario,
+    *,
+    saved_elsewhere: Mapping[int, Any] | None = None,
+    others_lost: bool = False,
 ) -> list[str]:
-    """One resumed rank against the state its source rank saved and that rank's next step."""
+    """One resumed rank against the state its source rank saved and that rank's next step;
+    ``saved_elsewhere``: the other source ranks' saved state, by rank, where each rank resumes
+    its own; ``others_lost``: another rank of its group lost state (:func:`lost_at_load`)."""
     reasons = loaded_through_pointer(rank, commit, where)
     if rank["loaded"] is None or rank["next"] is None:
         return [*reasons, f"{where}: did not load and step"]
-    lost = [] if saved is None else _compare_digests(saved, rank["loaded"], f"{where}: after load")
+    lost = (
+        _compare_digests(saved, rank["loaded"], f"{where}: after load")
+        if lost_at_load(rank, saved, reference, saved_elsewhere)
+        else []
+    )
     round_trip = diagnosis.round_trip_cause(scenario)
     reasons += [f"{round_trip}: {r}" for r in lost]
     if reference is None:
         return reasons
     # Loaded == saved, yet the step differs: what steers it is not saved. Otherwise the step
-    # follows from the load already reported, and says nothing more about the cause.
+    # follows from the load already reported, and says nothing more about the cause; a rank
+    # whose own load was whole steps with the others (an all-reduce, DDP's broadcast of rank
+    # 0's buffers), so another rank's lost state moves its step too.
     outside, advice = diagnosis.outside_cause(scenario)
-    cause, tail = (round_trip, ", a consequence of the load") if lost else (outside, f"; {advice}")
+    if lost:
+        cause, tail = round_trip, ", a consequence of the load"
+    elif others_lost:
+        cause, tail = round_trip, ", a consequence of another rank's load (ranks step together)"
+    else:
+        cause, tail = outside, f"; {advice}"
     diverged = []
     if rank["next"]["loss"] != reference["loss"]:
         diverged.append(

@@ -3,6 +3,8 @@ generation."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dcp_invariant import plan, runtimes
 from dcp_invariant.evidence.checks import (
     Check,
@@ -30,6 +32,7 @@ from dcp_invariant.evidence.families._record_parts import (
     step,
 )
 from dcp_invariant.evidence.families._training_source import (
+    lost_at_load,
     resumed,
     saved_and_stepped,
     source_sightings,
@@ -122,6 +125,15 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     target = obs["target"]
     ranks = target["ranks"] if target is not None else []
     reasons += rank_set(ranks, scenario.target_world_size, "restarted group")
+
+    def elsewhere(r: int) -> dict[int, Any]:
+        return {q: s for q, s in saved.items() if q != r}
+
+    lost = {
+        r["rank"]
+        for r in ranks
+        if lost_at_load(r, saved.get(r["rank"]), reference.get(r["rank"]), elsewhere(r["rank"]))
+    }
     for rank in ranks:
         where = f"restarted rank {rank['rank']}"
         if rank["restart_count"] != 1:
@@ -132,7 +144,16 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             reasons.append(f"{where}: the rendezvous address was not numeric loopback")
         # Each restarted rank resumes its own state: per-rank state need not be replicated.
         r = rank["rank"]
-        reasons += resumed(rank, commit, saved.get(r), reference.get(r), where, scenario)
+        reasons += resumed(
+            rank,
+            commit,
+            saved.get(r),
+            reference.get(r),
+            where,
+            scenario,
+            saved_elsewhere=elsewhere(r),
+            others_lost=bool(lost - {r}),
+        )
     after = obs["after"]
     if after is None:
         return [*reasons, "post-restart check: did not run"]

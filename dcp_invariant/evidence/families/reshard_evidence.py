@@ -69,7 +69,9 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             diagnosis.round_trip_cause(scenario),
         )
         if scenario.checkpointing == "dcp":  # the hints are about DCP's own ways
-            hints += [h for h in diagnosis.round_trip_hints(expected, loaded) if h not in hints]
+            hints += [
+                h for h in diagnosis.round_trip_hints(expected, loaded, others) if h not in hints
+            ]
         found = first_non_finite_loss(rank, n)
         if found is not None:
             reasons.append(diagnosis.non_finite_loss(where, *found))

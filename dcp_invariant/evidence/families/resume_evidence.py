@@ -94,13 +94,19 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             and uninterrupted is not None
             and diagnosis.resumed_exactly(uninterrupted["steps"], rank["steps"], k)
         ):
+            if diagnosis.holds_anothers_copy(mine, rank["loaded"], others):
+                continue  # a per-rank value the first step overwrote, from the copy kept
             # Nothing was lost: what the load got was applied at the first step instead.
             load = "load_state_dict()" if scenario.checkpointing == "dcp" else "the app's load()"
             cause_1 += diagnosis.restored_late(where, mine, rank["loaded"], load)
             continue
         cause_1 += lost
         if scenario.checkpointing == "dcp":  # the hints are about DCP's own ways
-            hints += [h for h in diagnosis.round_trip_hints(mine, rank["loaded"]) if h not in hints]
+            hints += [
+                h
+                for h in diagnosis.round_trip_hints(mine, rank["loaded"], others)
+                if h not in hints
+            ]
     cause_1 += load_failures(scenario, target["ranks"], lambda r: f"resumed rank {r}")
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
@@ -118,6 +124,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             not cause_1,
             diagnosis.outside_cause(scenario),
             _objects_after_load(arm, rank),
+            diagnosis.round_trip_cause(scenario),
         )
         if not diverged and not cause_1:
             diverged = _unseen_at_the_end(scenario, arm, rank, where, k)

@@ -21,6 +21,7 @@ from dcp_invariant.evidence.families._record_parts import (
     step,
 )
 from dcp_invariant.evidence.families._training_source import (
+    lost_at_load,
     resumed,
     saved_and_stepped,
     source_sightings,
@@ -53,14 +54,19 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     reasons += loaded
     if commit is None or target is None:
         return reasons
+    expected = saved.get(first) if first is not None else None
+    # The registered fixture is replicated: no rank's saved state is another's copy to keep.
+    after = reference.get(first) if first is not None else None
+    lost = {r["rank"] for r in target["ranks"] if lost_at_load(r, expected, after)}
     for rank in target["ranks"]:
         reasons += resumed(
             rank,
             commit,
-            saved.get(first) if first is not None else None,
-            reference.get(first) if first is not None else None,
+            expected,
+            after,
             f"target rank {rank['rank']}",
             scenario,
+            others_lost=bool(lost - {rank["rank"]}),
         )
     return reasons
 
