@@ -58,7 +58,8 @@ DOES_NOT_LOAD_ON_OTHER = "does not load on the other torch release"
 CHANGED_ACROSS_RELEASES = "changed between torch releases"
 SUSPECTS = (
     "check what steers the next step and is not saved: generators and the global RNG, the "
-    "data position and shuffle order, the LR scheduler, step and accumulation counters"
+    "data position and shuffle order, the LR scheduler, step and accumulation counters, "
+    "gradients accumulated over several step() calls (make step() one optimizer step)"
 )
 
 
