@@ -56,6 +56,30 @@ def restarts_the_epoch(rank: int, world_size: int) -> accelerate_adapter.Acceler
     return app
 
 
+def batch_norm(rank: int, world_size: int) -> accelerate_adapter.AccelerateApp:
+    """The example with a BatchNorm (statistics only) after its first layer: under DDP each
+    rank's statistics come from its shard of the batch, save_state writes the main process's
+    model alone, and DDP's forward broadcasts rank 0's buffers: an exact resume."""
+    import torch
+
+    def build(make_accelerator: Any) -> accelerate_adapter.Built:
+        def make(**kwargs: Any) -> Any:
+            accelerator = make_accelerator(**kwargs)
+            prepare = accelerator.prepare
+
+            def with_batch_norm(model: Any, *rest: Any) -> Any:
+                model.insert(1, torch.nn.BatchNorm1d(8, affine=False))
+                return prepare(model, *rest)
+
+            accelerator.prepare = with_batch_norm
+            return accelerator
+
+        built: accelerate_adapter.Built = accelerate_fixture.build(make)
+        return built
+
+    return accelerate_adapter.app(build)
+
+
 def fsdp2_plugin(rank: int, world_size: int) -> accelerate_adapter.AccelerateApp:
     """The example's loop given Accelerate's FSDP2 plugin, which Accelerate drops on CPU."""
     from accelerate.utils import FullyShardedDataParallelPlugin

@@ -170,22 +170,34 @@ def resumed_exactly(
     )
 
 
-def holds_anothers_copy(saved: Keys, loaded: Keys, saved_elsewhere: Mapping[int, Keys]) -> bool:
-    """Every key loaded other than saved holds what another rank saved under it: the
-    checkpoint kept one rank's copy of a value that differs by rank (DCP keeps one copy of a
-    value that is not a DTensor; Fabric's DDPStrategy saves global rank 0's state alone,
-    ``save_checkpoint`` in lightning/fabric/strategies/strategy.py).
+def holds_rank_0s_copy(saved: Keys, loaded: Keys, rank_0s: Keys | None) -> bool:
+    """A rank loaded rank 0's saved value (``rank_0s``) of every key it loaded other than it
+    saved (so it is not rank 0): the checkpoint kept rank 0's copy of a value that differs by rank
+    (Fabric's DDPStrategy and Accelerate save global rank 0's state alone, ``save_checkpoint``
+    in lightning/fabric/strategies/strategy.py; DCP keeps one copy of a value that is not a
+    DTensor, ``dedup_save_plans`` in torch/distributed/checkpoint/_dedup_save_plans.py).
 
-    With every resumed step matching, that copy was overwritten before anything read it, as
-    DDP's forward broadcasts rank 0's buffers (``_check_and_sync_module_buffers`` in
-    torch/nn/parallel/distributed.py), and the state right after the load is one the checkpoint
-    holds: a checkpoint taken then resumes alike. Not ``restored late``, nothing lost.
+    With every resumed step matching, that copy was overwritten before anything read it from
+    rank 0, as DDP's forward broadcasts rank 0's buffers (``_sync_module_buffers`` from
+    ``_check_and_sync_module_buffers`` in torch/nn/parallel/distributed.py), and the state right
+    after the load is one the checkpoint holds: a checkpoint taken then resumes alike. Not
+    ``restored late``, nothing lost. Rank 0's copy only: a load applied late leaves a fresh
+    value, which on some rank may equal what another rank saved (state only rank 0 changes);
+    rank 0 itself and a rank holding another's copy are judged as before.
     """
     keys = differing_keys(saved, loaded)
-    return bool(keys) and all(
-        key in loaded and any(other.get(key) == loaded[key] for other in saved_elsewhere.values())
-        for key in keys
-    )
+    return bool(keys) and rank_0s_copies(saved, loaded, rank_0s) == set(keys)
+
+
+def rank_0s_copies(saved: Keys, loaded: Keys, rank_0s: Keys | None) -> set[str]:
+    """The keys a rank loaded as rank 0 saved them (``rank_0s``), where it saved another value."""
+    if rank_0s is None:
+        return set()
+    return {
+        k
+        for k in differing_keys(saved, loaded)
+        if k in saved and k in loaded and rank_0s.get(k) == loaded[k]
+    }
 
 
 def restored_late(where: str, saved: Keys, loaded: Keys, load: str) -> list[str]:
@@ -219,17 +231,22 @@ def round_trip_hints(
             "fresh state_dict() already has; save and load the optimizer with "
             "torch.distributed.checkpoint.state_dict.get_state_dict / set_state_dict"
         )
-    others = (saved_elsewhere or {}).values()
-    if any(
-        _BATCH_NORM_STATISTIC.search(k) and any(o.get(k) == loaded.get(k) for o in others)
+    # Another rank's copy, not rank 0's: under DDP, rank 0 then broadcasts it at the next
+    # forward (holds_rank_0s_copy is the case that passes).
+    kept = [
+        r
         for k in keys
-        if k in saved
-    ):
+        if _BATCH_NORM_STATISTIC.search(k) and k in saved and k in loaded
+        for r, other in sorted((saved_elsewhere or {}).items())
+        if r != 0 and other.get(k) == loaded[k]
+    ]
+    if kept:
         hints.append(
             "hint: BatchNorm's running statistics differ by rank (each rank normalizes its own "
-            "batch) and DCP keeps one rank's copy: under DDP, whose forward broadcasts rank 0's "
-            "buffers, broadcast them from rank 0 in state_dict() (torch.distributed.broadcast"
-            "(buffer, 0)) so that the copy kept is rank 0's; or use SyncBatchNorm"
+            f"batch) and DCP kept rank {kept[0]}'s copy: under DDP, whose forward broadcasts "
+            "rank 0's buffers, broadcast them from rank 0 in state_dict() "
+            "(torch.distributed.broadcast(buffer, 0)) so that the copy kept is rank 0's; or use "
+            "SyncBatchNorm"
         )
     if any(k in saved and k in loaded and kind(saved[k]) != kind(loaded[k]) for k in keys):
         hints.append(

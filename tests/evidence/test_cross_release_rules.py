@@ -153,3 +153,33 @@ def test_an_unreadable_metadata_on_the_same_release_is_a_round_trip_failure() ->
     (reason,) = load_failures(scenario, ranks, lambda r: f"resumed rank {r}")
     assert reason.startswith(f"{diagnosis.ROUND_TRIP}: resumed rank 0: DCP could not read")
     assert "None" not in reason
+
+
+def _at_two_ranks(obs: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The record as two ranks would give it, rank 1 a copy of rank 0."""
+    name = NAME.removesuffix("_1") + "_2"
+    obs.update(scenario=name, source_world_size=2, target_world_size=2)
+    for group in ("source", "target", "continued"):
+        obs[group]["ranks"].append({**copy.deepcopy(obs[group]["ranks"][0]), "rank": 1})
+        obs[group]["exit_codes"] = [0, 0]
+    shard = next(f for f in obs["commit"]["files"] if f["path"] == "__0_0.distcp")
+    obs["commit"]["files"] = sorted(
+        [*obs["commit"]["files"], {**shard, "path": "__1_0.distcp"}], key=lambda f: f["path"]
+    )
+    return obs, name
+
+
+def test_rank_0s_copy_of_a_value_that_differs_by_rank_is_no_release_change() -> None:
+    """DDP's BatchNorm statistics: rank 1 saved its own, the checkpoint kept rank 0's (Fabric
+    saves rank 0's state alone), and torch B loads rank 0's on rank 1, as torch A's own resume
+    of the same save does: resume_<w> judges that; no release changed it. Another value is."""
+    obs, name = _at_two_ranks(real())
+    key = next(k for k in obs["source"]["ranks"][0]["saved"] if k.startswith("app.model."))
+    saved_1 = obs["source"]["ranks"][1]["saved"]
+    saved_1[key] = saved_1[key].split(" ")[0] + " " + "1" * 64
+    assert derive(obs, name) == []
+    target_1 = obs["target"]["ranks"][1]
+    target_1["loaded"][key] = saved_1[key].split(" ")[0] + " " + "2" * 64
+    [reason] = derive(obs, name)
+    assert reason.startswith(f"{diagnosis.CHANGED_ACROSS_RELEASES}: rank 1 "), reason
+    assert key in reason

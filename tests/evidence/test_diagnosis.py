@@ -68,8 +68,14 @@ def test_batch_norm_statistics_holding_another_ranks_copy_point_at_ddps_broadcas
     [hint] = diagnosis.round_trip_hints(saved, loaded, {1: rank_1})
     assert hint.startswith("hint: BatchNorm's running statistics differ by rank")
     assert "broadcast them from rank 0 in state_dict()" in hint
-    # Not another rank's copy (a load that lost it, at one rank): not this hint.
+    assert "DCP kept rank 1's copy" in hint
+    # Not another rank's copy (a load that lost it, at one rank), rank 0's (which passes when
+    # the steps match), a key missing on both sides, a key that is no statistic: no hint.
     assert diagnosis.round_trip_hints(saved, loaded, {}) == []
+    assert diagnosis.round_trip_hints(saved, loaded, {1: keys(w=f"float32[4] {A}")}) == []
+    assert diagnosis.round_trip_hints(saved, loaded, {0: rank_1}) == []
+    missing = keys(w=f"float32[4] {A}")
+    assert diagnosis.round_trip_hints(saved, missing, {1: keys(w=f"float32[4] {C}")}) == []
     other_key = keys(w=f"float32[4] {B}")
     assert diagnosis.round_trip_hints(keys(w=f"float32[4] {A}"), other_key, {1: other_key}) == []
 

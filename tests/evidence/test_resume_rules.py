@@ -57,25 +57,103 @@ def test_a_load_applied_at_the_first_step_is_restored_late(name: str) -> None:
     assert "right after the app's load()," in derive(name, obs, own)[0]
 
 
-def test_a_copy_of_another_ranks_value_that_the_first_step_overwrites_passes() -> None:
-    """A value that differs by rank at the save (DDP's BatchNorm buffers) and one rank's copy
+def _rank_0_saved(obs: dict[str, Any], key: str, value: str) -> None:
+    """Rank 0 saved ``value`` under ``key`` (in both runs that save), and loads it back."""
+    for arm in ("reference", "repeat"):
+        next(r for r in obs[arm]["ranks"] if r["rank"] == 0)["saved"][key] = value
+    next(r for r in obs["target"]["ranks"] if r["rank"] == 0)["loaded"][key] = value
+
+
+def _model_keys(obs: dict[str, Any]) -> list[str]:
+    return [k for k in obs["target"]["ranks"][0]["loaded"] if k.startswith("app.model.")]
+
+
+def test_rank_0s_copy_that_the_first_step_overwrites_passes() -> None:
+    """A value that differs by rank at the save (DDP's BatchNorm buffers) and rank 0's copy
     kept (Fabric saves rank 0's state alone; DCP keeps one copy): rank 1 resumes rank 0's, its
     steps all match, since DDP's forward broadcasts rank 0's buffers. Nothing was lost, and a
-    checkpoint taken right after the load holds the same copy: no reason. A value no rank
-    saved is still restored late."""
+    checkpoint taken right after the load holds the same copy: no reason."""
     obs = real("resume_2")
-    ranks = {r["rank"]: r for r in obs["target"]["ranks"]}
-    key = next(k for k in ranks[0]["loaded"] if k.startswith("app.model."))
-    rank_0s = other(ranks[0]["loaded"][key])
-    for arm in ("reference", "repeat"):
-        next(r for r in obs[arm]["ranks"] if r["rank"] == 0)["saved"][key] = rank_0s
-    ranks[0]["loaded"][key] = ranks[1]["loaded"][key] = rank_0s
+    key = _model_keys(obs)[0]
+    rank_0s = other(obs["target"]["ranks"][0]["loaded"][key])
+    _rank_0_saved(obs, key, rank_0s)
+    next(r for r in obs["target"]["ranks"] if r["rank"] == 1)["loaded"][key] = rank_0s
     assert derive("resume_2", obs) == []
     assert derive("resume_2", obs, RUN_PLAN.checkpointed_by(plan.own_shape())) == []
 
-    ranks[1]["loaded"][key] = rank_0s.split(" ")[0] + " " + "2" * 64
+
+@pytest.mark.parametrize("case", ["fresh value", "one more key", "rank 0 holds rank 1's"])
+def test_what_is_not_rank_0s_copy_on_another_rank_is_still_restored_late(case: str) -> None:
+    """A load applied late leaves a fresh value, which may equal what another rank saved
+    (state only one rank changes): only rank 0's copy on another rank passes, and only if every
+    key that differs is one."""
+    obs = real("resume_2")
+    first, second = _model_keys(obs)[:2]
+    rank_0s = other(obs["target"]["ranks"][0]["loaded"][first])
+    _rank_0_saved(obs, first, rank_0s)
+    ranks = {r["rank"]: r for r in obs["target"]["ranks"]}
+    late = 1
+    if case == "fresh value":
+        ranks[1]["loaded"][first] = rank_0s.split(" ")[0] + " " + "2" * 64
+    elif case == "one more key":
+        ranks[1]["loaded"][first] = rank_0s
+        ranks[1]["loaded"][second] = other(ranks[1]["loaded"][second])
+    else:  # rank 0 lazily restores to what rank 1 saved
+        ranks[0]["loaded"][first] = ranks[1]["loaded"][first]
+        late = 0
     [reason] = derive("resume_2", obs)
-    assert reason.startswith(f"{diagnosis.RESTORED_LATE}: rank 1: "), reason
+    assert reason.startswith(f"{diagnosis.RESTORED_LATE}: rank {late}: "), reason
+
+
+def test_a_rank_restored_late_moves_no_other_ranks_step() -> None:
+    """Rank 0 restored late stepped as the uninterrupted run did: rank 1's differing step is
+    its own, state outside state_dict(), not a consequence of rank 0's load."""
+    obs = real("resume_2")
+    key = next(k for k in obs["target"]["ranks"][0]["loaded"] if k.startswith("app.rng"))
+    ranks = {r["rank"]: r for r in obs["target"]["ranks"]}
+    ranks[0]["loaded"][key] = other(ranks[0]["loaded"][key])
+    ranks[1]["steps"][0]["loss"] = "0x1.0000000000000p-1"
+    reasons = derive("resume_2", obs)
+    assert [r.split(": ")[:2] for r in reasons] == [
+        [diagnosis.RESTORED_LATE, "rank 0"],
+        [diagnosis.OUTSIDE_STATE_DICT, "rank 1"],
+    ], reasons
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_the_step_after_a_lost_key_is_filed_under_the_loss(own: bool) -> None:
+    obs = real("resume_1")
+    rank = obs["target"]["ranks"][0]
+    key = _model_keys(obs)[0]
+    rank["loaded"][key] = rank["steps"][0]["keys"][key] = other(rank["loaded"][key])
+    the_plan = RUN_PLAN.checkpointed_by(plan.own_shape()) if own else RUN_PLAN
+    cause = diagnosis.APP_ROUND_TRIP if own else diagnosis.ROUND_TRIP
+    reasons = derive("resume_1", obs, the_plan)
+    assert any(
+        r.startswith(f"{cause}: rank 0: step 4 (resumed step 1) differs, a consequence")
+        for r in reasons
+    ), reasons
+
+
+def test_batch_norm_statistics_dcp_kept_from_rank_1_name_the_broadcast() -> None:
+    """Rank 0 loads rank 1's BatchNorm statistics (DCP's copy) and its steps differ: the hint
+    says to make rank 0's the copy kept. Rank 0's copy on rank 1 would not fail at all."""
+    obs = real("resume_2")
+    key = "app.model.1.running_mean"
+    value = next(iter(obs["target"]["ranks"][0]["loaded"].values()))
+    for arm in ("reference", "repeat"):
+        for r in obs[arm]["ranks"]:
+            r["saved"][key] = other(value) if r["rank"] == 1 else value
+        for r in obs[arm]["ranks"]:
+            for step in r["steps"]:
+                step["keys"][key] = value
+    for r in obs["target"]["ranks"]:
+        r["loaded"][key] = other(value)
+        for step in r["steps"]:
+            step["keys"][key] = other(value)
+    reasons = derive("resume_2", obs)
+    hints = [r for r in reasons if r.startswith("hint: BatchNorm")]
+    assert len(hints) == 1 and "DCP kept rank 1's copy" in hints[0], reasons
 
 
 def test_a_key_lost_at_the_load_that_the_steps_show_is_not_restored_late() -> None:

@@ -661,20 +661,22 @@ def test_elastic_checks_each_rank_against_its_own_state() -> None:
     assert rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED) == []
 
 
-def _resumed_rank_0s_data(obs: Obs, moved: bool) -> None:
+def _resumed_rank_0s_data(obs: Obs, moved: bool, how: str = "loss and state") -> None:
     """Restarted rank 1 loads rank 0's value (what a key shared by all ranks gives) and, if
-    ``moved``, takes a step that differs from its uninterrupted one."""
+    ``moved``, takes a step that differs from its uninterrupted one (``how``)."""
     target_1 = next(r for r in obs["target"]["ranks"] if r["rank"] == 1)
     target_1["loaded"]["data"] = "1" * 64
-    if moved:
+    if moved and how != "loss":
         target_1["next"]["digests"]["data"] = "2" * 64
+    if moved and how != "state":
         target_1["next"]["loss"] = "0x1.8000000000000p-1"
     reaggregate(obs)
 
 
-def test_elastic_names_a_rank_that_resumed_anothers_state() -> None:
+@pytest.mark.parametrize("how", ["loss and state", "loss", "state"])
+def test_elastic_names_a_rank_that_resumed_anothers_state(how: str) -> None:
     obs = _per_rank_elastic()
-    _resumed_rank_0s_data(obs, moved=True)
+    _resumed_rank_0s_data(obs, moved=True, how=how)
 
     reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
 
@@ -695,6 +697,20 @@ def test_elastic_passes_a_rank_given_anothers_copy_that_its_step_overwrites() ->
     reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
     assert reasons == [
         f"{diagnosis.ROUND_TRIP}: restarted rank 1: after load: component 'data' differs from "
+        "the uninterrupted run"
+    ]
+
+
+def test_elastic_holds_rank_0_to_its_own_state_even_where_it_is_rank_1s() -> None:
+    # Only rank 0's copy, on another rank, is what DDP's broadcast makes good: rank 0 holding
+    # rank 1's saved value is lost, though its step matches (a load applied late whose fresh
+    # value is what another rank saved).
+    obs = _per_rank_elastic()
+    next(r for r in obs["target"]["ranks"] if r["rank"] == 0)["loaded"]["data"] = OTHER_HEX
+    reaggregate(obs)
+    reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
+    assert reasons == [
+        f"{diagnosis.ROUND_TRIP}: restarted rank 0: after load: component 'data' differs from "
         "the uninterrupted run"
     ]
 

@@ -4,7 +4,6 @@ sightings across scenarios."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from dcp_invariant import dcp_layout, plan
@@ -54,13 +53,11 @@ def saved_and_stepped(
     return reasons, saved, reference
 
 
-def lost_at_load(
-    rank: Obs, saved: Any, reference: Any, saved_elsewhere: Mapping[int, Any] | None = None
-) -> bool:
+def lost_at_load(rank: Obs, saved: Any, reference: Any, rank_0s: Any = None) -> bool:
     """Whether a resumed rank loaded other state than its source rank saved, which its next
-    step did not make good: a component that holds another rank's saved copy (of
-    ``saved_elsewhere``, by rank) is not lost when the step then matches the uninterrupted
-    run's (:func:`dcp_invariant.evidence.diagnosis.holds_anothers_copy`)."""
+    step did not make good: a rank other than 0 whose components hold rank 0's saved copy
+    (``rank_0s``) has lost nothing when its step then matches the uninterrupted run's
+    (:func:`dcp_invariant.evidence.diagnosis.holds_rank_0s_copy`)."""
     if saved is None or rank["loaded"] is None:
         return False
     if not _compare_digests(saved, rank["loaded"], ""):
@@ -71,10 +68,13 @@ def lost_at_load(
         and rank["next"]["loss"] == reference["loss"]
         and not _compare_digests(reference["digests"], rank["next"]["digests"], "")
     )
-    others = {r: _components(s) for r, s in (saved_elsewhere or {}).items()}
     return not (
         stepped_alike
-        and diagnosis.holds_anothers_copy(_components(saved), _components(rank["loaded"]), others)
+        and diagnosis.holds_rank_0s_copy(
+            _components(saved),
+            _components(rank["loaded"]),
+            None if rank_0s is None else _components(rank_0s),
+        )
     )
 
 
@@ -90,18 +90,18 @@ def resumed(
     where: str,
     scenario: plan.Scenario,
     *,
-    saved_elsewhere: Mapping[int, Any] | None = None,
+    rank_0s: Any = None,
     others_lost: bool = False,
 ) -> list[str]:
     """One resumed rank against the state its source rank saved and that rank's next step;
-    ``saved_elsewhere``: the other source ranks' saved state, by rank, where each rank resumes
-    its own; ``others_lost``: another rank of its group lost state (:func:`lost_at_load`)."""
+    ``rank_0s``: source rank 0's saved state, where each rank resumes its own;
+    ``others_lost``: another rank of its group lost state (:func:`lost_at_load`)."""
     reasons = loaded_through_pointer(rank, commit, where)
     if rank["loaded"] is None or rank["next"] is None:
         return [*reasons, f"{where}: did not load and step"]
     lost = (
         _compare_digests(saved, rank["loaded"], f"{where}: after load")
-        if lost_at_load(rank, saved, reference, saved_elsewhere)
+        if lost_at_load(rank, saved, reference, rank_0s)
         else []
     )
     round_trip = diagnosis.round_trip_cause(scenario)

@@ -79,10 +79,14 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             continue
         mine = saved.get(rank["rank"], {})
         others = {r: s for r, s in saved.items() if r != rank["rank"]}
+        # Rank 0's copy of a value that differs by rank (DDP's BatchNorm statistics) is what
+        # the checkpoint holds, and what torch A's own resume of this save loads too: whether
+        # it resumes is resume_<w>'s to judge (holds_rank_0s_copy), not a release's change.
+        kept = diagnosis.rank_0s_copies(mine, rank["loaded"], saved.get(0))
         changed += diagnosis.round_trip(
             f"{where} ({across})",
-            mine,
-            rank["loaded"],
+            {k: v for k, v in mine.items() if k not in kept},
+            {k: v for k, v in rank["loaded"].items() if k not in kept},
             others,
             rank["diffs"],
             diagnosis.CHANGED_ACROSS_RELEASES,

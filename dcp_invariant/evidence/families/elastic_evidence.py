@@ -3,8 +3,6 @@ generation."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from dcp_invariant import plan, runtimes
 from dcp_invariant.evidence.checks import (
     Check,
@@ -126,13 +124,10 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     ranks = target["ranks"] if target is not None else []
     reasons += rank_set(ranks, scenario.target_world_size, "restarted group")
 
-    def elsewhere(r: int) -> dict[int, Any]:
-        return {q: s for q, s in saved.items() if q != r}
-
     lost = {
         r["rank"]
         for r in ranks
-        if lost_at_load(r, saved.get(r["rank"]), reference.get(r["rank"]), elsewhere(r["rank"]))
+        if lost_at_load(r, saved.get(r["rank"]), reference.get(r["rank"]), saved.get(0))
     }
     for rank in ranks:
         where = f"restarted rank {rank['rank']}"
@@ -151,7 +146,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             reference.get(r),
             where,
             scenario,
-            saved_elsewhere=elsewhere(r),
+            rank_0s=saved.get(0),
             others_lost=bool(lost - {r}),
         )
     after = obs["after"]

@@ -72,6 +72,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     reasons += group_finished(target, scenario.target_world_size, "resumed group")
     saved = saved_by_rank(obs["reference"])
     cause_1: list[str] = []
+    lost_any = False  # a rank lost state at the load (cause_1 less what was restored late)
     hints: list[str] = []
     loaded_ranks = []
     for rank in target["ranks"]:
@@ -94,20 +95,24 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             and uninterrupted is not None
             and diagnosis.resumed_exactly(uninterrupted["steps"], rank["steps"], k)
         ):
-            if diagnosis.holds_anothers_copy(mine, rank["loaded"], others):
-                continue  # a per-rank value the first step overwrote, from the copy kept
+            if diagnosis.holds_rank_0s_copy(mine, rank["loaded"], saved.get(0)):
+                continue  # a per-rank value the first step overwrote from rank 0's
             # Nothing was lost: what the load got was applied at the first step instead.
             load = "load_state_dict()" if scenario.checkpointing == "dcp" else "the app's load()"
             cause_1 += diagnosis.restored_late(where, mine, rank["loaded"], load)
             continue
         cause_1 += lost
+        lost_any = lost_any or bool(lost)
         if scenario.checkpointing == "dcp":  # the hints are about DCP's own ways
             hints += [
                 h
                 for h in diagnosis.round_trip_hints(mine, rank["loaded"], others)
                 if h not in hints
             ]
-    cause_1 += load_failures(scenario, target["ranks"], lambda r: f"resumed rank {r}")
+    failed = load_failures(scenario, target["ranks"], lambda r: f"resumed rank {r}")
+    cause_1 += failed
+    # A rank restored late stepped as the uninterrupted run did: it moved no other rank's step.
+    lost_any = lost_any or bool(failed)
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
     for rank in loaded_ranks:
@@ -121,7 +126,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             rank["steps"],
             rank["diffs"],
             n,
-            not cause_1,
+            not lost_any,
             diagnosis.outside_cause(scenario),
             _objects_after_load(arm, rank),
             diagnosis.round_trip_cause(scenario),
