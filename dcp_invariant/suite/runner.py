@@ -38,6 +38,7 @@ from dcp_invariant.suite.scenarios import DRIVERS, payloads
 from dcp_invariant.suite.scenarios.common import SNAPSHOTS, STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.host import PoolHost, ReleaseHost
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
+from dcp_invariant.suite.torchrun.agent import Agent
 from dcp_invariant.suite.workspace import Workspace
 
 PARALLEL = 2
@@ -138,11 +139,18 @@ def run_suite(
         pool = WorkerPool(timeout, fixture=fixture)
         other_pools: dict[str, WorkerPool] = {}
         pools = [pool]  # and each other release's, once its environment is there
+        agent: Agent | None = None
         try:
             pool.start(workspace / "server")
             guardian.remove_if_killed(Path(multiprocessing.util.get_temp_dir()))
             if space.socket_holder is not None:
                 guardian.remove_if_killed(space.socket_holder)
+            # The restart's torchrun agent imports torch beside the fork server, and waits: it
+            # starts no rank and runs nothing of the user's before its scenario says go
+            # (torchrun/agent.py), so the checks below still come first.
+            restart = _restart_scenario(run_plan, names)
+            if restart is not None:
+                agent = Agent(pool, workspace / restart)
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
             if run_plan.kind == "fixture":
@@ -168,6 +176,8 @@ def run_suite(
             for env in other_envs:
                 _probe_release(other_pools[env.release], workspace, env, fixture, run_plan)
             names = run_plan.names if names is None else names
+            if agent is not None and _restart_scenario(run_plan, names) != restart:
+                agent.close()  # the probe found the plan has no restart after all
             # The longest scenarios first, so they overlap the rest: the torchrun job, then
             # async_save's process mode (each rank starts a checkpoint process of its own).
             order = sorted(
@@ -177,7 +187,9 @@ def run_suite(
                     run_plan.scenario(n).async_mode != "process",
                 ),
             )
-            host = PoolHost(pool, SharedGroups(workspace / "shared", (STORE_ROOT, SNAPSHOTS)))
+            host = PoolHost(
+                pool, SharedGroups(workspace / "shared", (STORE_ROOT, SNAPSHOTS)), agent
+            )
             releases = {
                 env.release: ReleaseHost(
                     PoolHost(other_pools[env.release]), versions["torch"], env.torch
@@ -195,7 +207,7 @@ def run_suite(
                         pool.wind_down()
                 scenario = run_plan.scenario(name)
                 workdir = workspace / name
-                workdir.mkdir()
+                workdir.mkdir(exist_ok=True)  # the restart's, where its agent waits
                 ctx = ScenarioContext(scenario, host, workdir, fixture, run_plan, releases=releases)
                 obs = DRIVERS[scenario.family](ctx)
                 if pool.cancelled:
@@ -245,6 +257,8 @@ def run_suite(
                 guardian.sweep()  # a signal cut the sweep short; the next one is ignored
                 raise
             finally:
+                if agent is not None:
+                    agent.close()  # an agent no scenario ran (one that ran has ended)
                 for each in pools:
                     each.close()
     return SuiteRun(
@@ -253,6 +267,19 @@ def run_suite(
         torch_distribution=distribution,
         torch_runtime=versions["torch"],
         numpy=versions["numpy"],
+    )
+
+
+def _restart_scenario(run_plan: plan.Plan, names: Sequence[str] | None) -> str | None:
+    """The plan's torchrun restart, if it has one among ``names`` (all the plan's if None).
+    Before the fixture's probe, ``names`` may hold scenarios only its finding adds."""
+    return next(
+        (
+            s.name
+            for s in run_plan.scenarios
+            if s.family == "elastic" and (names is None or s.name in names)
+        ),
+        None,
     )
 
 

@@ -25,6 +25,7 @@ from dcp_invariant import canonical, dcp_layout, plan
 from dcp_invariant.evidence import rules, schema
 from dcp_invariant.evidence.verify import verify_artifact
 from dcp_invariant.suite import pool, runner
+from dcp_invariant.suite.torchrun import launch
 
 pytestmark = pytest.mark.live
 # The tests of the module's one run go to one pytest-xdist worker (--dist loadgroup), so that
@@ -262,7 +263,10 @@ sys.exit(main(["--standalone", "--local-addr=127.0.0.1", "--nnodes=1", "--nproc-
 """
 
 
-def _guarded(tmp_path: Path, patch: str) -> subprocess.CompletedProcess[str]:
+def _guarded(
+    tmp_path: Path, patch: str, standby: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The guarded launcher; ``standby``: started ahead of need, given this on its input."""
     (tmp_path / "touch_worker.py").write_text("open('worker-ran', 'w').close()\n")
     # torchrun writes its log directory under TMPDIR: keep it inside the test's own directory.
     env = dict(
@@ -272,10 +276,13 @@ def _guarded(tmp_path: Path, patch: str) -> subprocess.CompletedProcess[str]:
         TMP=str(tmp_path),
         TEMP=str(tmp_path),
     )
+    if standby is not None:
+        env[launch.STANDBY_ENV] = "1"
     return subprocess.run(
         [sys.executable, "-c", GUARDED_LAUNCH.format(patch=patch)],
         cwd=tmp_path,
         env=env,
+        input=standby,
         capture_output=True,
         text=True,
         timeout=300,
@@ -300,19 +307,33 @@ def _guarded(tmp_path: Path, patch: str) -> subprocess.CompletedProcess[str]:
     ],
     ids=["wrong-digest", "unregistered-runtime", "patched-tcpstore"],
 )
+@pytest.mark.parametrize("standby", [None, "go\n"], ids=["launched", "standby"])
 def test_guard_refusal_stops_torchrun_before_any_worker(
-    tmp_path: Path, patch: str, message: str
+    tmp_path: Path, patch: str, message: str, standby: str | None
 ) -> None:
-    proc = _guarded(tmp_path, patch)
+    proc = _guarded(tmp_path, patch, standby)
     assert proc.returncode == 3, proc.stderr
     assert "torchrun guard refused to start" in proc.stderr and message in proc.stderr
     assert not (tmp_path / "worker-ran").exists()
 
 
-def test_guarded_launch_runs_torchrun_when_the_runtime_is_registered(tmp_path: Path) -> None:
-    proc = _guarded(tmp_path, "")
+@pytest.mark.parametrize("standby", [None, "go\n"], ids=["launched", "standby"])
+def test_guarded_launch_runs_torchrun_when_the_runtime_is_registered(
+    tmp_path: Path, standby: str | None
+) -> None:
+    proc = _guarded(tmp_path, "", standby)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "worker-ran").exists()
+
+
+@pytest.mark.parametrize("said", ["", "stop\n"], ids=["end-of-input", "other-line"])
+def test_an_agent_on_standby_starts_nothing_until_it_is_told_go(tmp_path: Path, said: str) -> None:
+    """The runner starts the restart's agent ahead of need: until its scenario says go, it has
+    imported torch's launcher and nothing else ran; told anything else, it exits 0."""
+    proc = _guarded(tmp_path, "", said)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "worker-ran").exists()
+    assert "torchrun" not in proc.stderr.lower(), proc.stderr  # torch's launcher said nothing
 
 
 def test_guarded_store_serves_only_create_tcp_store() -> None:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from dcp_invariant import plan
 from dcp_invariant.suite import runner
 
 # Each scenario thread of these tests waits at most this long; the old wait took all of it.
@@ -81,3 +82,18 @@ def test_a_later_scenarios_error_ends_the_wait_before_the_earlier_ones_finish(
         elapsed = time.monotonic() - started
         released.set()
     assert elapsed < HELD / 3, f"{elapsed:.1f} s"
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (None, "elastic_restart_2_to_2"),
+        (["resume_2", "half_written_2", "elastic_restart_2_to_2"], "elastic_restart_2_to_2"),
+        (["resume_2", "half_written_2"], None),  # half_written_2: only the probe's finding adds it
+    ],
+)
+def test_the_restart_whose_agent_starts_ahead_is_found_before_the_probe(
+    names: list[str] | None, expected: str | None
+) -> None:
+    assert runner._restart_scenario(plan.fixture_plan("m:f", (1, 2)), names) == expected
+    assert runner._restart_scenario(plan.fixture_plan("m:f", (1,)), names) is None

@@ -27,6 +27,7 @@ from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
 from dcp_invariant.suite.scenarios.commits import Interner, commit
 from dcp_invariant.suite.scenarios.payloads import Call
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
+from dcp_invariant.suite.torchrun.agent import Agent
 
 Damage = Callable[[Path], None]  # acts on a sealed candidate before its promotion
 
@@ -83,6 +84,8 @@ class PoolHost:
 
     pool: WorkerPool
     shared: SharedGroups | None = None  # None: every group runs for its scenario alone
+    # The torchrun agent the runner started ahead of need, in the restart scenario's workdir.
+    agent: Agent | None = None
 
     @property
     def timeout(self) -> float:

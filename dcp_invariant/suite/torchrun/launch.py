@@ -15,6 +15,10 @@ from dcp_invariant.suite import worker
 from dcp_invariant.suite.torchrun import guard
 
 GUARD_REFUSED_EXIT_CODE = 3
+# Set for an agent started ahead of need (:mod:`.agent`): torch's launcher runs once GO_LINE
+# arrives on standard input; at end of input the agent exits 0, having started nothing.
+STANDBY_ENV = "DCP_INVARIANT_AGENT_STANDBY"
+GO_LINE = b"go\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     worker.import_frozen(["torch.distributed.run"])
     from torch.distributed.run import main as torchrun_main
 
+    if os.environ.pop(STANDBY_ENV, None) is not None and sys.stdin.buffer.readline() != GO_LINE:
+        return 0  # the run did not need this agent
     torchrun_main(args)
     return 0
 
