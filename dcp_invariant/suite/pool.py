@@ -288,7 +288,7 @@ class _Standbys:
         # Nothing else runs yet, and the probe waits for the first standby's imports: one per
         # core keeps every core importing for the first scenarios meanwhile, up to the four:
         # the registered suite's first two scenarios take two workers each.
-        self._refill(max(STANDBY, min(os.cpu_count() or 1, 4)))
+        self._refill(max(STANDBY, min(usable_cores(), 4)))
 
     def launch(self, jobs: list[worker.Job]) -> list[Any]:
         """Give each job to its own standby (starting more if too few wait), then refill."""
@@ -497,6 +497,13 @@ class _Interpreters:
         pass
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one), at least one."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 class WorkerPool:
     def __init__(
         self,
@@ -538,6 +545,14 @@ class WorkerPool:
             (workdir / sub).mkdir()
         with self._lock:
             self._launcher.start(workdir)
+
+    def idle_cores(self) -> int:
+        """The cores this machine lets the run use that the pool's start leaves idle: it
+        imports torch in one fork server, or in a standby per core (up to four)."""
+        cores = usable_cores()
+        if isinstance(self._launcher, _Standbys):
+            return max(0, cores - max(STANDBY, min(cores, 4)))
+        return cores - 1
 
     def run_group(self, call: Call, world_size: int, workdir: Path, group: str) -> GroupOutcome:
         """Run ``call``'s task on ``world_size`` fresh ranks, each given its payload as it is."""

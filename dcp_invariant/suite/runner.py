@@ -145,11 +145,11 @@ def run_suite(
             guardian.remove_if_killed(Path(multiprocessing.util.get_temp_dir()))
             if space.socket_holder is not None:
                 guardian.remove_if_killed(space.socket_holder)
-            # The restart's torchrun agent imports torch beside the fork server, and waits: it
-            # starts no rank and runs nothing of the user's before its scenario says go
-            # (torchrun/agent.py), so the checks below still come first.
+            # The restart's torchrun agent imports torch on a core the pool's start leaves
+            # idle, and waits: it starts no rank and runs nothing of the user's before its
+            # scenario says go (torchrun/agent.py), and takes no CPU the checks below need.
             restart = _restart_scenario(run_plan, names)
-            if restart is not None:
+            if restart is not None and pool.idle_cores() > 0:
                 agent = Agent(pool, workspace / restart)
             versions = _probe(pool, workspace / "probe")
             runtimes.require(distribution, versions["torch"])
@@ -176,8 +176,6 @@ def run_suite(
             for env in other_envs:
                 _probe_release(other_pools[env.release], workspace, env, fixture, run_plan)
             names = run_plan.names if names is None else names
-            if agent is not None and _restart_scenario(run_plan, names) != restart:
-                agent.close()  # the probe found the plan has no restart after all
             # The longest scenarios first, so they overlap the rest: the torchrun job, then
             # async_save's process mode (each rank starts a checkpoint process of its own).
             order = sorted(
@@ -207,7 +205,7 @@ def run_suite(
                         pool.wind_down()
                 scenario = run_plan.scenario(name)
                 workdir = workspace / name
-                workdir.mkdir(exist_ok=True)  # the restart's, where its agent waits
+                workdir.mkdir(exist_ok=agent is not None and name == restart)  # it waits there
                 ctx = ScenarioContext(scenario, host, workdir, fixture, run_plan, releases=releases)
                 obs = DRIVERS[scenario.family](ctx)
                 if pool.cancelled:
@@ -257,10 +255,12 @@ def run_suite(
                 guardian.sweep()  # a signal cut the sweep short; the next one is ignored
                 raise
             finally:
-                if agent is not None:
-                    agent.close()  # an agent no scenario ran (one that ran has ended)
-                for each in pools:
-                    each.close()
+                try:
+                    if agent is not None:
+                        agent.close()  # an agent no scenario ran (one that ran has ended)
+                finally:
+                    for each in pools:
+                        each.close()
     return SuiteRun(
         run_plan=run_plan,
         observations={n: observations[n] for n in names},

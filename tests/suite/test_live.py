@@ -307,7 +307,8 @@ def _guarded(
     ],
     ids=["wrong-digest", "unregistered-runtime", "patched-tcpstore"],
 )
-@pytest.mark.parametrize("standby", [None, "go\n"], ids=["launched", "standby"])
+# On standby, told to stop: the guard refuses before the agent waits, so its exit says so.
+@pytest.mark.parametrize("standby", [None, ""], ids=["launched", "standby"])
 def test_guard_refusal_stops_torchrun_before_any_worker(
     tmp_path: Path, patch: str, message: str, standby: str | None
 ) -> None:
@@ -333,7 +334,38 @@ def test_an_agent_on_standby_starts_nothing_until_it_is_told_go(tmp_path: Path, 
     proc = _guarded(tmp_path, "", said)
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "worker-ran").exists()
-    assert "torchrun" not in proc.stderr.lower(), proc.stderr  # torch's launcher said nothing
+
+
+def test_an_agent_on_standby_gives_its_ranks_the_users_path_and_keeps_it_off_its_own(
+    tmp_path: Path,
+) -> None:
+    """A sitecustomize.py on the user's path (the fixture's directory) runs in no agent before
+    go; the ranks, started after go, still find the user's modules there."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("open('sitecustomize-ran', 'w').close()\n")
+    (user / "touch_worker.py").write_text("open('worker-ran', 'w').close()\n")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(sys.path),
+        TMPDIR=str(tmp_path),
+        **{launch.STANDBY_ENV: "1", launch.RANKS_PATH_ENV: str(user)},
+    )
+    for said, ranks in (("", False), ("go\n", True)):
+        proc = subprocess.run(
+            [sys.executable, "-c", GUARDED_LAUNCH.format(patch="")],
+            cwd=tmp_path,
+            env=env,
+            input=said,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "worker-ran").exists() is ranks
+        # The ranks' interpreters ran it, the agent's never did: only after go is it there.
+        assert (tmp_path / "sitecustomize-ran").exists() is ranks
 
 
 def test_guarded_store_serves_only_create_tcp_store() -> None:

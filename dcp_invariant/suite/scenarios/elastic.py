@@ -104,7 +104,7 @@ def _torchrun(ctx: ScenarioContext, host: PoolHost) -> tuple[int, bool, list[str
         "timeout": host.pool.timeout,
     }
     ready = host.agent
-    if ready is not None and ready.workdir == workdir and ready.waiting:
+    if ready is not None and ready.workdir == workdir and ready.usable():
         agent = ready
     else:
         agent = Agent(host.pool, workdir)

@@ -2,10 +2,13 @@
 
 The agent is a fresh interpreter that imports torch (``torch.distributed.run``) before it
 starts a rank: about as long as ``import torch``, on the restart scenario's path, which is the
-longest through a run. So the runner starts it as the run begins, beside the fork server's own
-import, with the scenario's environment and directory; it installs the guard, imports torch's
-launcher and then waits, running no rank and no code of the user's, until the scenario has
-committed its baseline and says go (:mod:`.launch`). An agent the run does not use is killed.
+longest through a run. So where a core is left idle by the pool's own start (the fork server's
+import of torch, or the spawn path's standbys), the runner starts the agent as the run begins,
+with the scenario's environment and directory; it installs the guard, imports torch's launcher
+and then waits, running no rank and no code of the user's (its import path is this package's;
+its ranks get the user's), until the scenario has committed its baseline and says go
+(:mod:`.launch`). On one core it would slow the probes, which say bad input first: there the
+scenario starts its agent itself, as it always did. An agent the run does not use is killed.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from dcp_invariant import plan
 from dcp_invariant.suite import reaper, worker
 from dcp_invariant.suite.pool import WorkerPool, kill_process_tree, reap_group
 from dcp_invariant.suite.torchrun import guard
-from dcp_invariant.suite.torchrun.launch import GO_LINE, STANDBY_ENV
+from dcp_invariant.suite.torchrun.launch import (
+    GO_LINE,
+    GUARD_REFUSED_EXIT_CODE,
+    RANKS_PATH_ENV,
+    STANDBY_ENV,
+)
 
 ATTESTATION_FILE = "guard.json"
 LOG_FILE = "logs/torchrun.log"
@@ -64,7 +72,12 @@ class Agent:
         search = [package_parent] + [
             str(Path(p).resolve()) for p in sys.path if p and Path(p).is_dir()
         ]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(search))
+        # The agent itself needs only this package, so nothing on the user's path (a
+        # sitecustomize.py beside the fixture) runs in it before go; its ranks get the rest.
+        env[RANKS_PATH_ENV] = os.pathsep.join(dict.fromkeys(search))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
         self._log: IO[bytes] = open(workdir / LOG_FILE, "wb")  # noqa: SIM115  # closed by run/close
         try:
             self._proc = subprocess.Popen(
@@ -85,10 +98,17 @@ class Agent:
             self._end()
             raise
 
-    @property
-    def waiting(self) -> bool:
-        """Neither run nor closed: :meth:`run` may still be called."""
-        return not self._ended
+    def usable(self) -> bool:
+        """Whether :meth:`run` may use this agent: neither run nor closed, and waiting or
+        refused by the guard (which :meth:`run` then reports); one that died otherwise while
+        it waited (killed from outside, out of memory) is reaped, and another takes its place."""
+        if self._ended:
+            return False
+        code = self._proc.poll()
+        if code is None or code == GUARD_REFUSED_EXIT_CODE:
+            return True
+        self._end()
+        return False
 
     def run(self, timeout: float) -> tuple[int, bool, list[str]]:
         """Let torch's launcher run; its exit code, whether it outran ``timeout`` seconds (from
@@ -121,9 +141,18 @@ class Agent:
         if self._ended:
             return
         self._ended = True
-        kill_process_tree(self._proc)
-        self._pool.untrack(self._proc)
-        self._log.close()
+        try:
+            kill_process_tree(self._proc)
+            if self._proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.stdin.close()
+            # Reaped, not left a zombie; on Windows taskkill returns before the process has
+            # gone, and its working directory (the scenario's) could not be removed yet.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=STOP_GRACE_SECONDS)
+        finally:
+            self._pool.untrack(self._proc)
+            self._log.close()
 
 
 def _new_process_group() -> dict[str, Any]:

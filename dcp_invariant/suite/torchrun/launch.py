@@ -19,6 +19,8 @@ GUARD_REFUSED_EXIT_CODE = 3
 # arrives on standard input; at end of input the agent exits 0, having started nothing.
 STANDBY_ENV = "DCP_INVARIANT_AGENT_STANDBY"
 GO_LINE = b"go\n"
+# The ranks' PYTHONPATH, given to them at go: the agent's own is this package's alone.
+RANKS_PATH_ENV = "DCP_INVARIANT_RANKS_PYTHONPATH"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if os.environ.pop(STANDBY_ENV, None) is not None and sys.stdin.buffer.readline() != GO_LINE:
         return 0  # the run did not need this agent
+    ranks_path = os.environ.pop(RANKS_PATH_ENV, None)
+    if ranks_path is not None:
+        os.environ["PYTHONPATH"] = ranks_path
     torchrun_main(args)
     return 0
 
