@@ -691,27 +691,26 @@ def test_elastic_passes_a_rank_given_anothers_copy_that_its_step_overwrites() ->
     obs = _per_rank_elastic()
     _resumed_rank_0s_data(obs, moved=False)
     assert rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED) == []
-    # Not a copy any rank saved: lost, whatever the step did.
-    next(r for r in obs["target"]["ranks"] if r["rank"] == 1)["loaded"]["data"] = "3" * 64
-    reaggregate(obs)
-    reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
-    assert reasons == [
-        f"{diagnosis.ROUND_TRIP}: restarted rank 1: after load: component 'data' differs from "
-        "the uninterrupted run"
-    ]
 
 
-def test_elastic_holds_rank_0_to_its_own_state_even_where_it_is_rank_1s() -> None:
-    # Only rank 0's copy, on another rank, is what DDP's broadcast makes good: rank 0 holding
-    # rank 1's saved value is lost, though its step matches (a load applied late whose fresh
-    # value is what another rank saved).
+@pytest.mark.parametrize(
+    ("rank", "value"),
+    [(1, "3" * 64), (0, OTHER_HEX)],
+    ids=["a copy no rank saved", "rank 0 holding rank 1's"],
+)
+def test_elastic_names_a_load_that_is_not_rank_0s_copy_on_another_rank(
+    rank: int, value: str
+) -> None:
+    # Lost, whatever the step did: only rank 0's copy, on another rank, is what DDP's broadcast
+    # makes good; rank 0 holding rank 1's saved value is a load applied late whose fresh value
+    # is what another rank saved.
     obs = _per_rank_elastic()
-    next(r for r in obs["target"]["ranks"] if r["rank"] == 0)["loaded"]["data"] = OTHER_HEX
+    next(r for r in obs["target"]["ranks"] if r["rank"] == rank)["loaded"]["data"] = value
     reaggregate(obs)
     reasons = rules.derive("elastic_restart_2_to_2", obs, run_plan=plan.REGISTERED)
     assert reasons == [
-        f"{diagnosis.ROUND_TRIP}: restarted rank 0: after load: component 'data' differs from "
-        "the uninterrupted run"
+        f"{diagnosis.ROUND_TRIP}: restarted rank {rank}: after load: component 'data' differs "
+        "from the uninterrupted run"
     ]
 
 

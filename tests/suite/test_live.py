@@ -264,9 +264,10 @@ sys.exit(main(["--standalone", "--local-addr=127.0.0.1", "--nnodes=1", "--nproc-
 
 
 def _guarded(
-    tmp_path: Path, patch: str, standby: str | None = None
+    tmp_path: Path, patch: str, standby: str | None = None, ranks_path: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The guarded launcher; ``standby``: started ahead of need, given this on its input."""
+    """The guarded launcher; ``standby``: started ahead of need, given this on its input, and
+    ``ranks_path``: the import path it gives its ranks at go."""
     (tmp_path / "touch_worker.py").write_text("open('worker-ran', 'w').close()\n")
     # torchrun writes its log directory under TMPDIR: keep it inside the test's own directory.
     env = dict(
@@ -278,6 +279,8 @@ def _guarded(
     )
     if standby is not None:
         env[launch.STANDBY_ENV] = "1"
+    if ranks_path is not None:
+        env[launch.RANKS_PATH_ENV] = str(ranks_path)
     return subprocess.run(
         [sys.executable, "-c", GUARDED_LAUNCH.format(patch=patch)],
         cwd=tmp_path,
@@ -344,24 +347,8 @@ def test_an_agent_on_standby_gives_its_ranks_the_users_path_and_keeps_it_off_its
     user = tmp_path / "user"
     user.mkdir()
     (user / "sitecustomize.py").write_text("open('sitecustomize-ran', 'w').close()\n")
-    (user / "touch_worker.py").write_text("open('worker-ran', 'w').close()\n")
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(sys.path),
-        TMPDIR=str(tmp_path),
-        **{launch.STANDBY_ENV: "1", launch.RANKS_PATH_ENV: str(user)},
-    )
     for said, ranks in (("", False), ("go\n", True)):
-        proc = subprocess.run(
-            [sys.executable, "-c", GUARDED_LAUNCH.format(patch="")],
-            cwd=tmp_path,
-            env=env,
-            input=said,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        proc = _guarded(tmp_path, "", said, ranks_path=user)
         assert proc.returncode == 0, proc.stderr
         assert (tmp_path / "worker-ran").exists() is ranks
         # The ranks' interpreters ran it, the agent's never did: only after go is it there.
