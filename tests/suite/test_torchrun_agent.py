@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,32 @@ def test_an_agent_closed_while_it_imports_is_killed_at_once_with_the_users_path_
     assert str(user) not in env["PYTHONPATH"].split(os.pathsep)
     assert str(user) in env[launch.RANKS_PATH_ENV].split(os.pathsep)
     assert not (tmp_path / "restart" / "sitecustomize-ran").exists()
+
+
+def test_a_fixture_found_through_an_empty_path_entry_reaches_the_restarts_ranks(
+    tmp_path: Path,
+) -> None:
+    """check() called from python -c (as from standard input or a notebook, whose sys.path
+    starts with '', the current directory) on a fixture module there: the pool's workers find
+    it, as multiprocessing gives them that directory; torchrun's ranks, which work in the
+    scenario's directory, must find it too (they did not: the restart failed, no rank reported)."""
+    (tmp_path / "here_fixture.py").write_text("from fixture_loops import correct as fixture\n")
+    code = (
+        "import sys, dcp_invariant\n"
+        "assert sys.path[0] == ''\n"
+        "report = dcp_invariant.check('here_fixture:fixture', world_sizes=(2,), "
+        f"output_dir={str(tmp_path / 'evidence')!r})\n"
+        f"print(report.results[{RESTART!r}].reasons)\n"
+    )
+    tests = str(Path(__file__).resolve().parents[1])  # fixture_loops
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, *sys.path[1:]]))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.stdout.strip().splitlines()[-1:] == ["()"], done.stdout + done.stderr

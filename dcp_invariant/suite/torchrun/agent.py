@@ -67,10 +67,14 @@ class Agent:
         # what they start, when the job ends (:mod:`dcp_invariant.suite.reaper`).
         env[reaper.GROUP_ENV] = reaper.group_mark(os.path.realpath(workdir), TORCHRUN_GROUP)
         # Workers are fresh interpreters: give them this very package and, as multiprocessing
-        # does for its spawned children, the runner's import path, where the fixture was found.
+        # does for its spawned children, the runner's import path, where the fixture was found;
+        # an empty entry (python -c, standard input, a notebook) is the current directory, as
+        # multiprocessing makes it (ORIGINAL_DIR in get_preparation_data, multiprocessing/
+        # spawn.py): the agent and its ranks work in the scenario's directory.
         package_parent = str(Path(dcp_invariant.__file__).resolve().parent.parent)
+        here = os.getcwd()
         search = [package_parent] + [
-            str(Path(p).resolve()) for p in sys.path if p and Path(p).is_dir()
+            str(Path(p or here).resolve()) for p in sys.path if Path(p or here).is_dir()
         ]
         # The agent itself needs only this package, so nothing on the user's path (a
         # sitecustomize.py beside the fixture) runs in it before go; its ranks get the rest.
