@@ -285,10 +285,7 @@ class _Standbys:
 
     def start(self, workdir: Path) -> None:
         self._home = workdir
-        # Nothing else runs yet, and the probe waits for the first standby's imports: one per
-        # core keeps every core importing for the first scenarios meanwhile, up to the four:
-        # the registered suite's first two scenarios take two workers each.
-        self._refill(max(STANDBY, min(usable_cores(), 4)))
+        self._refill(first_standbys(usable_cores()))
 
     def launch(self, jobs: list[worker.Job]) -> list[Any]:
         """Give each job to its own standby (starting more if too few wait), then refill."""
@@ -497,6 +494,14 @@ class _Interpreters:
         pass
 
 
+def first_standbys(cores: int) -> int:
+    """How many standbys the spawn path starts with on ``cores``: nothing else runs yet, and the
+    probe waits for the first standby's imports; one per core keeps every core importing for
+    the first scenarios meanwhile, up to the four the registered suite's first two scenarios
+    take (two workers each)."""
+    return max(STANDBY, min(cores, 4))
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity, where the OS has one), at least one."""
     if hasattr(os, "sched_getaffinity"):
@@ -551,7 +556,7 @@ class WorkerPool:
         imports torch in one fork server, or in a standby per core (up to four)."""
         cores = usable_cores()
         if isinstance(self._launcher, _Standbys):
-            return max(0, cores - max(STANDBY, min(cores, 4)))
+            return max(0, cores - first_standbys(cores))
         return cores - 1
 
     def run_group(self, call: Call, world_size: int, workdir: Path, group: str) -> GroupOutcome:

@@ -299,10 +299,9 @@ def worker_search_path() -> list[str]:
     stdlib = {os.path.realpath(p) for p in installation.stdlib_directories()}
     excluded = {os.path.realpath(p) for p in installation.package_directories()}
     kept: list[str] = []
-    for entry in sys.path:
-        resolved = os.path.realpath(entry or os.getcwd())
-        if not os.path.isdir(resolved) or resolved in excluded or resolved in kept:
-            continue  # a zip of the standard library is no directory either
+    for resolved in installation.import_path():
+        if resolved in excluded:
+            continue
         if any(resolved == lib or resolved.startswith(lib + os.sep) for lib in stdlib):
             continue  # the standard library, lib-dynload with it
         if any(os.path.isdir(os.path.join(resolved, name)) for name in ("torch", "numpy")):

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import dcp_invariant
 from dcp_invariant import plan
-from dcp_invariant.suite import reaper, worker
+from dcp_invariant.suite import installation, reaper, worker
 from dcp_invariant.suite.pool import WorkerPool, kill_process_tree, reap_group
 from dcp_invariant.suite.torchrun import guard
 from dcp_invariant.suite.torchrun.launch import (
@@ -66,16 +66,11 @@ class Agent:
         # torch's agent starts each rank in a session of its own; the token finds them, and
         # what they start, when the job ends (:mod:`dcp_invariant.suite.reaper`).
         env[reaper.GROUP_ENV] = reaper.group_mark(os.path.realpath(workdir), TORCHRUN_GROUP)
-        # Workers are fresh interpreters: give them this very package and, as multiprocessing
-        # does for its spawned children, the runner's import path, where the fixture was found;
-        # an empty entry (python -c, standard input, a notebook) is the current directory, as
-        # multiprocessing makes it (ORIGINAL_DIR in get_preparation_data, multiprocessing/
-        # spawn.py): the agent and its ranks work in the scenario's directory.
+        # Workers are fresh interpreters working in the scenario's directory: give them this
+        # very package and, as multiprocessing does for its spawned children, the runner's
+        # import path, where the fixture was found.
         package_parent = str(Path(dcp_invariant.__file__).resolve().parent.parent)
-        here = os.getcwd()
-        search = [package_parent] + [
-            str(Path(p or here).resolve()) for p in sys.path if Path(p or here).is_dir()
-        ]
+        search = [package_parent, *installation.import_path()]
         # The agent itself needs only this package, so nothing on the user's path (a
         # sitecustomize.py beside the fixture) runs in it before go; its ranks get the rest.
         env[RANKS_PATH_ENV] = os.pathsep.join(dict.fromkeys(search))
