@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import cross_machine
 import fixture_runs
 import pytest
 from cli_runs import REVISION, run_cli
@@ -704,13 +705,10 @@ def test_checked_in_fixture_artifact_still_matches_a_fresh_run(
 ) -> None:
     """tests/data/fixture-artifact feeds the torch-free tests; it must stay what a run writes.
 
-    torch picks its CPU kernels by instruction set (aten/src/ATen/native/DispatchStub.cpp) and
-    its BLAS by CPU model, so float results may differ in the last bit between two machines with
-    the same versions; the example's did, on two CPUs that both report AVX512. What holds on any
-    CPU is compared: every verdict, key, shape, count and commit record exactly, and in the
-    observations every value that float arithmetic produced (losses, digests of float tensors
-    and of checkpoint bytes) as present, not by its bits. That a run's bytes repeat on one
-    machine is tested above (check() and the CLI write identical artifacts).
+    It was recorded on another machine, whose CPU may give other last bits to float results:
+    the observations are compared as no CPU can change them (tests/cross_machine.py), the rest
+    exactly. That a run's bytes repeat on one machine is tested above (check() and the CLI
+    write identical artifacts).
     """
     out, proc = example_run
     assert proc.returncode == 0, proc.stderr
@@ -728,36 +726,9 @@ def test_checked_in_fixture_artifact_still_matches_a_fresh_run(
         mine, theirs = (out / rel).read_bytes(), (kept_dir / rel).read_bytes()
         if rel in observations:
             mine_json, theirs_json = canonical.loads(mine), canonical.loads(theirs)
-            assert without_float_bits(mine_json) == without_float_bits(theirs_json), rel
+            assert cross_machine.comparable(mine_json) == cross_machine.comparable(theirs_json), rel
         else:
             assert mine == theirs, rel
-
-
-# A loss as the evidence records it (float.hex), and a digest: of a tensor, after its dtype and
-# shape ("float64[32] <sha256>"), or alone (a receipt's, over checkpoint files' bytes).
-_HEX_FLOAT = re.compile(r"-?0x[0-9a-f]+(?:\.[0-9a-f]*)?p[-+]?\d+")
-_TYPED_DIGEST = re.compile(r"(?P<type>[a-z0-9]+)(?P<shape>\[[\d,]*\])? (?P<digest>[0-9a-f]{64})")
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-# Python values DCP saves whole; their digests do not depend on float arithmetic's last bits.
-_EXACT_TYPES = frozenset({"int", "bool", "str", "NoneType", "uint8", "int64", "int32"})
-
-
-def without_float_bits(value: object) -> object:
-    """``value`` (canonical JSON) with each value float arithmetic made replaced by its kind."""
-    if isinstance(value, dict):
-        return {k: without_float_bits(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [without_float_bits(v) for v in value]
-    if not isinstance(value, str):
-        return value
-    if _HEX_FLOAT.fullmatch(value):
-        return "<float>"
-    typed = _TYPED_DIGEST.fullmatch(value)
-    if typed is not None and typed["type"] not in _EXACT_TYPES:
-        return f"{typed['type']}{typed['shape'] or ''} <digest>"
-    if typed is None and _DIGEST.fullmatch(value):
-        return "<digest>"
-    return value
 
 
 # --- the README's buggy example, as it prints ---------------------------------------------------
