@@ -250,6 +250,17 @@ DEFAULT_STEPS_BEFORE = 3
 DEFAULT_STEPS_AFTER = 3
 MAX_WORLD_SIZE = 8
 MAX_STEPS = 1000
+# Where only generators differ after a resume's K steps, every step matching, both arms run on
+# to this many times K steps (at most MAX_STEPS): a generator no step drew from fails only if
+# a later draw shows it in a loss or a state key (docs/diagnoses.md).
+FURTHER_FACTOR = 4
+
+
+def further_steps(steps_after: int) -> int:
+    """How many resumed steps the arms run on to where only generators differ at the end."""
+    return min(FURTHER_FACTOR * steps_after, MAX_STEPS)
+
+
 # Seconds each worker group may take; a day at most: longer is a typo, and far longer overflows
 # the timers it reaches (1e308 did).
 DEFAULT_TIMEOUT = 180.0

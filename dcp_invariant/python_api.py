@@ -35,6 +35,9 @@ class ScenarioResult:
     name: str
     verdict: Literal["pass", "fail"]
     reasons: tuple[str, ...]
+    # What it passes with yet could matter later (a load applied at the first step, a generator
+    # no step drew from), and what its groups left running: the run's ``warning:`` lines.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class Report:
 
     def __str__(self) -> str:
         lines = [f"dcp-invariant: {self.summary}", *(f"note: {note}" for note in self.notes)]
+        for result in self.results.values():
+            lines += [f"warning: {result.name}: {w}" for w in result.warnings]
         for diagnosis in self.diagnoses:
             lines.append(f"{diagnosis.cause} ({', '.join(diagnosis.scenarios) or 'the run'}):")
             lines += [f"  - {reason}" for reason in dict.fromkeys(diagnosis.reasons)]
@@ -219,7 +224,9 @@ def finish(
     results = {}
     for name in run.names:
         record = canonical.loads(files[schema.result_file(name)])
-        results[name] = ScenarioResult(name, record["verdict"], tuple(record["reasons"]))
+        results[name] = ScenarioResult(
+            name, record["verdict"], tuple(record["reasons"]), tuple(record.get("warnings", ()))
+        )
     summary = canonical.loads(files[schema.SUMMARY_FILE])
     return Report(
         summary["verdict"] == "pass",

@@ -6,9 +6,12 @@ the same sentences without torch. The causes, in the order they are reported:
 1. state that did not round-trip through DCP (loaded != saved);
 2. loaded == saved, but a resumed step differs: state that lives outside ``state_dict()``;
 3. the fixture does not repeat itself: two uninterrupted runs differ, so nothing is blamed;
-   (and, ranked between 1 and 2, loaded != saved while every resumed step matches: the load
-   is applied late, ``restored late``);
 4. a step returned a NaN or infinite loss: the loop diverged, and nothing after it compares.
+
+Some findings are cautions (:class:`Caution`), not reasons: the resume is exact as far as any
+step shows, yet something could matter later (``restored late``: loaded != saved while every
+resumed step matches; a generator that differs at the end which no step drew from). They are
+shown as ``warning:`` lines and recorded as the result's warnings; the scenario passes.
 
 The max absolute differences come from the workers (they need the values); the verifier checks
 that they name only keys whose digests differ, and treats the numbers as free.
@@ -23,6 +26,14 @@ from typing import Any
 from dcp_invariant import plan
 
 Keys = Mapping[str, str]
+
+
+class Caution(str):
+    """A finding that does not fail the scenario: a family's rule returns it among its reasons,
+    and :func:`dcp_invariant.evidence.rules.judge` files it under the result's warnings."""
+
+    __slots__ = ()
+
 
 KEY_ENTRY = re.compile(r"(\S{1,80}) ([0-9a-f]{64})")
 MAX_KEYS_NAMED = 8
@@ -200,15 +211,20 @@ def rank_0s_copies(saved: Keys, loaded: Keys, rank_0s: Keys | None) -> set[str]:
     }
 
 
-def restored_late(where: str, saved: Keys, loaded: Keys, load: str) -> list[str]:
-    """Loaded != saved, yet the resumed steps all match (:func:`resumed_exactly`): ``load``
-    (``load_state_dict()``, or the app's ``load()``) keeps what it got and applies it later."""
-    keys = differing_keys(saved, loaded)
+def restored_late(where: str, what: str, load: str) -> list[str]:
+    """Loaded != saved in ``what`` (keys or components, named), yet the resumed steps all match
+    (:func:`resumed_exactly`): ``load`` (``load_state_dict()``, or the app's ``load()``) keeps
+    what it got and applies it later, as Hugging Face's Trainer restores its RNG states inside
+    its loop, just before the first step (``_load_rng_state`` in transformers/trainer.py). The
+    resume is exact, and no checkpoint can be taken there in such a loop: a caution."""
     return [
-        f"{RESTORED_LATE}: {where}: right after {load}, state_dict() differs from what was saved "
-        f"in {named(keys)}, yet every resumed step matches: the loaded state is applied later "
-        "(at the first step), so a checkpoint taken between the load and that step would save "
-        f"the fresh state and not resume; apply it in {load} itself"
+        Caution(
+            f"{RESTORED_LATE}: {where}: right after {load}, state_dict() differs from what was "
+            f"saved in {what}, yet every resumed step matches: the loaded state is applied later "
+            "(at the first step); a checkpoint taken between the load and that step would save "
+            f"the fresh state and not resume, so apply it in {load} itself if the loop can save "
+            "there"
+        )
     ]
 
 

@@ -29,6 +29,9 @@ MAX_NAMED = 8
 # counter of loads, a path), while a tensor that differs is state a later evaluation or export
 # reads.
 _COMPARED_AT_END = re.compile(r"(?:\S+\[[\d,]*\]|Generator) (?:~\d+|[0-9a-f]{64})")
+# A generator's state (a torch.Generator's): a difference at the end of a resume matters only
+# when a later step draws from it, which the arms run further show (resume_evidence.rule).
+_GENERATOR = re.compile(r"Generator (?:~\d+|[0-9a-f]{64})")
 # The global RNGs: other processes' history (the tool's own, torch's) moves them too, so the
 # end of a resume does not judge them; right after the load they are named like the rest.
 _GLOBAL = "rng."
@@ -94,6 +97,13 @@ def at_the_end(expected: Objects, got: Objects) -> list[str]:
         and not p.startswith(_GLOBAL)
         and any(_COMPARED_AT_END.fullmatch(v) for v in (expected[p], got[p]))
     ]
+
+
+def generators_alone(expected: Objects, got: Objects, paths: Sequence[str]) -> bool:
+    """Whether every one of ``paths`` (:func:`at_the_end`) is a generator in both walks."""
+    return bool(paths) and all(
+        _GENERATOR.fullmatch(expected[p]) and _GENERATOR.fullmatch(got[p]) for p in paths
+    )
 
 
 def changed_by_save(never: Objects, saving: Objects) -> list[str]:

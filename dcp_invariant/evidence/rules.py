@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from dcp_invariant import plan
 from dcp_invariant.evidence import object_causes, schema, shared_arms
+from dcp_invariant.evidence.diagnosis import Caution
 from dcp_invariant.evidence.families import FAMILIES
 from dcp_invariant.evidence.families._record_parts import Obs
 from dcp_invariant.evidence.families._sightings import Sightings
@@ -21,6 +22,19 @@ from dcp_invariant.evidence.families.records import CommitRecord
 
 
 def derive(name: str, obs: Obs, *, run_plan: plan.Plan) -> list[str]:
+    """The reasons ``obs`` fails; none when it passes."""
+    return judge(name, obs, run_plan=run_plan)[0]
+
+
+def judge(name: str, obs: Obs, *, run_plan: plan.Plan) -> tuple[list[str], list[str]]:
+    """The reasons ``obs`` fails, and the cautions it passes with
+    (:class:`~dcp_invariant.evidence.diagnosis.Caution`), each in the order the rules found them."""
+    found = _findings(name, obs, run_plan=run_plan)
+    reasons = [r for r in found if not isinstance(r, Caution)]
+    return reasons, [str(c) for c in found if isinstance(c, Caution)]
+
+
+def _findings(name: str, obs: Obs, *, run_plan: plan.Plan) -> list[str]:
     scenario = run_plan.scenario(name)
     reasons = [f"error: {e}" for e in obs["errors"]]
     # Only a reshard records what it left out (its shape): the plan's rank-local components.
@@ -69,7 +83,8 @@ def _sealing(commit: CommitRecord, where: str) -> list[str]:
 def result_record(
     name: str, obs: Obs, *, run_plan: plan.Plan, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
-    reasons = [*derive(name, obs, run_plan=run_plan), *extra]
+    found, cautions = judge(name, obs, run_plan=run_plan)
+    reasons = [*found, *extra]
     result = {
         "reasons": reasons,
         "scenario": name,
@@ -77,7 +92,7 @@ def result_record(
         "verdict": "fail" if reasons else "pass",
     }
     if run_plan.kind != "registered":
-        result["warnings"] = warnings(obs["left_running"])
+        result["warnings"] = cautions + warnings(obs["left_running"])
         # What this scenario did not check, as the plan declared: rank-local components.
         result["left_out"] = obs.get("left_out", [])
     return result

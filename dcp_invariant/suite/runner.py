@@ -214,7 +214,7 @@ def run_suite(
                 elapsed = time.monotonic() - started
                 obs = ctx.finished(obs)
                 left_running = ctx.left_running_record()
-                reasons = rules.derive(name, obs, run_plan=run_plan)
+                reasons, cautions = rules.judge(name, obs, run_plan=run_plan)
                 logs = [] if not reasons else _logs(ctx)
                 with lock:
                     observations[name] = obs
@@ -226,7 +226,7 @@ def run_suite(
                                 elapsed,
                                 reasons,
                                 logs,
-                                rules.warnings(left_running),
+                                cautions + rules.warnings(left_running),
                             )
                         )
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from artifact_data import DATA_ARTIFACT
+from forge import reaggregate
 
 from dcp_invariant import canonical, plan
 from dcp_invariant.evidence import diagnosis, observation, provenance, rules, schema, shared_arms
@@ -39,22 +40,36 @@ def derive(name: str, obs: dict[str, Any], run_plan: plan.Plan = RUN_PLAN) -> li
     return rules.derive(name, obs, run_plan=run_plan)
 
 
+def judge(
+    name: str, obs: dict[str, Any], run_plan: plan.Plan = RUN_PLAN
+) -> tuple[list[str], list[str]]:
+    """The reasons and the cautions (warnings) of ``obs``, checked as :func:`derive` does."""
+    derive(name, obs, run_plan)
+    return rules.judge(name, obs, run_plan=run_plan)
+
+
 @pytest.mark.parametrize("name", ["resume_1", "resume_2"])
-def test_a_load_applied_at_the_first_step_is_restored_late(name: str) -> None:
+def test_a_load_applied_at_the_first_step_passes_restored_late_with_a_warning(name: str) -> None:
     """Right after the load a key differs from the save, yet every resumed step matches the
-    uninterrupted run: nothing was lost, the load was applied late; one reason per rank."""
+    uninterrupted run: nothing was lost, the load was applied late (Hugging Face's Trainer
+    restores its RNG just before the first step). It passes, with one warning per rank that
+    names the key and the hazard."""
     obs = real(name)
     key = next(k for k in obs["target"]["ranks"][0]["loaded"] if k.startswith("app.rng"))
     for rank in obs["target"]["ranks"]:
         rank["loaded"][key] = other(rank["loaded"][key])
-    reasons = derive(name, obs)
-    assert [r.split(": ")[:2] for r in reasons] == [
+    reasons, cautions = judge(name, obs)
+    assert reasons == []
+    assert [c.split(": ")[:2] for c in cautions] == [
         [diagnosis.RESTORED_LATE, f"rank {r['rank']}"] for r in obs["target"]["ranks"]
-    ], reasons
-    assert f"differs from what was saved in {key}, yet every resumed step matches" in reasons[0]
-    assert "apply it in load_state_dict() itself" in reasons[0]
+    ], cautions
+    assert f"differs from what was saved in {key}, yet every resumed step matches" in cautions[0]
+    assert "a checkpoint taken between the load and that step" in cautions[0]
+    assert "apply it in load_state_dict() itself" in cautions[0]
+    record = rules.result_record(name, obs, run_plan=RUN_PLAN)
+    assert (record["verdict"], record["warnings"]) == ("pass", cautions)
     own = RUN_PLAN.checkpointed_by(plan.own_shape())
-    assert "right after the app's load()," in derive(name, obs, own)[0]
+    assert "right after the app's load()," in judge(name, obs, own)[1][0]
 
 
 def _rank_0_saved(obs: dict[str, Any], key: str, value: str) -> None:
@@ -83,7 +98,7 @@ def test_rank_0s_copy_that_the_first_step_overwrites_passes() -> None:
 
 
 @pytest.mark.parametrize("case", ["fresh value", "one more key", "rank 0 holds rank 1's"])
-def test_what_is_not_rank_0s_copy_on_another_rank_is_still_restored_late(case: str) -> None:
+def test_what_is_not_rank_0s_copy_on_another_rank_is_still_named_restored_late(case: str) -> None:
     """A load applied late leaves a fresh value, which may equal what another rank saved
     (state only one rank changes): only rank 0's copy on another rank passes, and only if every
     key that differs is one."""
@@ -101,8 +116,9 @@ def test_what_is_not_rank_0s_copy_on_another_rank_is_still_restored_late(case: s
     else:  # rank 0 lazily restores to what rank 1 saved
         ranks[0]["loaded"][first] = ranks[1]["loaded"][first]
         late = 0
-    [reason] = derive("resume_2", obs)
-    assert reason.startswith(f"{diagnosis.RESTORED_LATE}: rank {late}: "), reason
+    reasons, [caution] = judge("resume_2", obs)
+    assert reasons == []
+    assert caution.startswith(f"{diagnosis.RESTORED_LATE}: rank {late}: "), caution
 
 
 def test_a_rank_restored_late_moves_no_other_ranks_step() -> None:
@@ -113,11 +129,9 @@ def test_a_rank_restored_late_moves_no_other_ranks_step() -> None:
     ranks = {r["rank"]: r for r in obs["target"]["ranks"]}
     ranks[0]["loaded"][key] = other(ranks[0]["loaded"][key])
     ranks[1]["steps"][0]["loss"] = "0x1.0000000000000p-1"
-    reasons = derive("resume_2", obs)
-    assert [r.split(": ")[:2] for r in reasons] == [
-        [diagnosis.RESTORED_LATE, "rank 0"],
-        [diagnosis.OUTSIDE_STATE_DICT, "rank 1"],
-    ], reasons
+    reasons, cautions = judge("resume_2", obs)
+    assert [r.split(": ")[:2] for r in reasons] == [[diagnosis.OUTSIDE_STATE_DICT, "rank 1"]]
+    assert [c.split(": ")[:2] for c in cautions] == [[diagnosis.RESTORED_LATE, "rank 0"]]
 
 
 @pytest.mark.parametrize("own", [False, True])
@@ -243,3 +257,125 @@ def test_an_arm_that_never_saved_and_did_not_finish_is_named() -> None:
     ]
     obs["never_saves"] = None
     assert derive("resume_1", obs) == ["never_saves: did not run"]
+
+
+def _rng_applied_at_the_first_step(obs: dict[str, Any], ranks: set[int]) -> None:
+    """The restarted ``ranks`` load a fresh generator: their ``rng`` component differs from
+    what they saved, while their step (and so its state) is the uninterrupted run's."""
+    for rank in obs["target"]["ranks"]:
+        if rank["rank"] in ranks:
+            rank["loaded"]["rng"] = "7" * 64
+    reaggregate(obs)
+
+
+@pytest.mark.parametrize("stepped_alike", [True, False])
+def test_the_restart_treats_a_load_applied_at_the_first_step_as_a_resume_does(
+    stepped_alike: bool,
+) -> None:
+    """Hugging Face's Trainer restores its RNG just before the first step: after the torchrun
+    restart, as in resume_<w>, a component that differs right after the load while the step
+    matches is a warning, restored late; one that the step shows still did not round-trip."""
+    name = "elastic_restart_2_to_2"
+    obs = real(name)
+    _rng_applied_at_the_first_step(obs, {0})
+    if not stepped_alike:
+        rank = next(r for r in obs["target"]["ranks"] if r["rank"] == 0)
+        rank["next"]["loss"] = "0x1.8000000000000p-1"
+    reasons, cautions = judge(name, obs)
+    if stepped_alike:
+        assert reasons == []
+        assert [c.split(": ")[:2] for c in cautions] == [
+            [diagnosis.RESTORED_LATE, "restarted rank 0"]
+        ], cautions
+        assert "differs from what was saved in rng, yet every resumed step matches" in cautions[0]
+    else:
+        assert cautions == []
+        assert reasons[0].startswith(
+            f"{diagnosis.ROUND_TRIP}: restarted rank 0: after load: component 'rng'"
+        ), reasons
+
+
+def _generator_differs_at_the_end(obs: dict[str, Any]) -> None:
+    """Rank 0's generator ends otherwise than the uninterrupted run's, every step matching."""
+    rank = next(r for r in obs["target"]["ranks"] if r["rank"] == 0)
+    rank["objects"]["final"]["app.gen"] = "Generator ~999"
+
+
+def _run_further(obs: dict[str, Any], *, parted_at: int | None = None) -> None:
+    """The arms run further, as the driver records them: the arms' own records stand in for
+    them (their steps match), without walks; ``parted_at``: a resumed step whose loss moves."""
+    reference, target = copy.deepcopy(obs["reference"]), copy.deepcopy(obs["target"])
+    for rank in reference["ranks"]:
+        rank["objects"] = {"final": None, "saved": None}
+    for rank in target["ranks"]:
+        rank["objects"] = {"final": None, "loaded": None}
+        if parted_at is not None and rank["rank"] == 0:
+            rank["steps"][parted_at - 1]["loss"] = "0x1.8000000000000p-1"
+    obs["further"] = {"steps_after": obs["steps_after"], "reference": reference, "target": target}
+
+
+def test_a_generator_no_step_draws_from_run_further_is_a_warning() -> None:
+    obs = real("resume_1")
+    _generator_differs_at_the_end(obs)
+    _run_further(obs)
+    reasons, [caution] = judge("resume_1", obs)
+    assert reasons == []
+    assert caution.startswith(
+        f"{diagnosis.OUTSIDE_STATE_DICT}: rank 0: every resumed step matches, yet after the 3 "
+        "resumed steps the app's app.gen (Generator, differs) differ from the uninterrupted "
+        "run's, yet all 3 resumed steps of a longer run match: no step drew from them."
+    ), caution
+    assert "--ignore-attr app.gen" in caution
+
+
+def test_a_generator_a_later_step_draws_from_fails() -> None:
+    obs = real("resume_1")
+    _generator_differs_at_the_end(obs)
+    _run_further(obs, parted_at=2)
+    [reason], cautions = judge("resume_1", obs)
+    assert cautions == []
+    assert reason.startswith(f"{diagnosis.OUTSIDE_STATE_DICT}: rank 0: every resumed step"), reason
+    assert "and run on to 3 resumed steps, step 5 (resumed step 2) differs in the loss" in reason
+    assert "a torch.Generator is not saved" in reason and "--ignore-attr" not in reason
+
+
+def test_a_generator_where_the_arms_cannot_run_further_is_a_warning_that_says_so() -> None:
+    """A torchrun job (in-job) runs no arm after its one restart: no ``further``."""
+    obs = real("resume_1")
+    _generator_differs_at_the_end(obs)
+    reasons, [caution] = judge("resume_1", obs)
+    assert reasons == []
+    assert "this host cannot run the arms further" in caution, caution
+
+
+def test_arms_run_further_that_did_not_finish_fail() -> None:
+    obs = real("resume_1")
+    _generator_differs_at_the_end(obs)
+    _run_further(obs)
+    obs["further"]["target"] = None
+    [reason], _ = judge("resume_1", obs)
+    assert reason.endswith("the arms run on to 3 steps: target: did not run"), reason
+
+
+def test_a_tensor_that_differs_at_the_end_fails_without_running_further() -> None:
+    """An EMA the checkpoint leaves out: a later evaluation reads it, whatever a step does."""
+    obs = real("resume_1")
+    rank = next(r for r in obs["target"]["ranks"] if r["rank"] == 0)
+    key = next(p for p in rank["objects"]["final"] if p.startswith("app.model."))
+    rank["objects"]["final"][key] = rank["objects"]["final"][key].split(" ")[0] + " ~999"
+    _run_further(obs)
+    [reason], cautions = judge("resume_1", obs)
+    assert cautions == [] and "state no loss shows" in reason, reason
+
+
+def test_the_driver_runs_further_only_where_generators_alone_differ() -> None:
+    from dcp_invariant.evidence.families._drawn_later import drawn_later
+
+    obs = real("resume_1")
+    assert not drawn_later(obs)
+    _generator_differs_at_the_end(obs)
+    assert drawn_later(obs)
+    rank = next(r for r in obs["target"]["ranks"] if r["rank"] == 0)
+    key = next(p for p in rank["objects"]["final"] if p.startswith("app.model."))
+    rank["objects"]["final"][key] = rank["objects"]["final"][key].split(" ")[0] + " ~999"
+    assert not drawn_later(obs)  # a tensor fails at once: nothing to run further for

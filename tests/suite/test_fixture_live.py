@@ -202,16 +202,28 @@ def test_state_outside_state_dict_is_the_cause_when_loaded_equals_saved(
         assert re.search(r"loss expected -?\d\S* \(0x[0-9a-f.]+p[+-]\d+\), got", outside[0])
 
 
-def test_a_generator_restored_at_the_first_step_is_named_restored_late() -> None:
-    """It resumes exactly, yet right after the load its state_dict() holds the fresh generator:
-    a checkpoint taken then would not resume. One reason, naming that, not a lost key."""
-    (reason,) = derive("restores_rng_late", ["resume_1"], (1,))["resume_1"]
-    assert reason == (
+def test_a_generator_restored_at_the_first_step_passes_with_a_restored_late_warning() -> None:
+    """It resumes exactly, yet right after the load its state_dict() holds the fresh generator,
+    as Hugging Face's Trainer, which restores its RNG inside its loop just before the first
+    step: a checkpoint taken in between would not resume, which no such loop does. The resume
+    and the torchrun restart both pass it with the same warning, not a lost key."""
+    names = ["resume_1", "elastic_restart_2_to_2"]
+    reasons, observations = fixture_runs.run("fixture_loops:restores_rng_late", names)
+    assert reasons == {name: [] for name in names}
+    the_plan = plan.fixture_plan("fixture_loops:restores_rng_late", (1, 2))
+    (resumed,) = rules.judge("resume_1", observations["resume_1"], run_plan=the_plan)[1]
+    assert resumed == (
         "restored late: rank 0: right after load_state_dict(), state_dict() differs from what "
         "was saved in app.rng, yet every resumed step matches: the loaded state is applied "
-        "later (at the first step), so a checkpoint taken between the load and that step would "
-        "save the fresh state and not resume; apply it in load_state_dict() itself"
+        "later (at the first step); a checkpoint taken between the load and that step would "
+        "save the fresh state and not resume, so apply it in load_state_dict() itself if the "
+        "loop can save there"
     )
+    restarted = rules.judge(names[1], observations[names[1]], run_plan=the_plan)[1]
+    assert [c.split(": ")[:2] for c in restarted] == [
+        ["restored late", f"restarted rank {r}"] for r in (0, 1)
+    ], restarted
+    assert all("differs from what was saved in rng, yet" in c for c in restarted), restarted
 
 
 def test_a_save_that_steps_an_idle_optimizer_is_named_the_save_changed_training() -> None:

@@ -53,28 +53,53 @@ def saved_and_stepped(
     return reasons, saved, reference
 
 
-def lost_at_load(rank: Obs, saved: Any, reference: Any, rank_0s: Any = None) -> bool:
+def lost_at_load(
+    rank: Obs, saved: Any, reference: Any, rank_0s: Any = None, *, user_fixture: bool
+) -> bool:
     """Whether a resumed rank loaded other state than its source rank saved, which its next
-    step did not make good: a rank other than 0 whose components hold rank 0's saved copy
-    (``rank_0s``) has lost nothing when its step then matches the uninterrupted run's
-    (:func:`dcp_invariant.evidence.diagnosis.holds_rank_0s_copy`)."""
+    step did not make good. A rank whose next step matches the uninterrupted run's, every
+    component included, lost nothing where it is a rank other than 0 that holds rank 0's saved
+    copy (``rank_0s``), which the step overwrote
+    (:func:`dcp_invariant.evidence.diagnosis.holds_rank_0s_copy`), and, in a user's fixture
+    (``user_fixture``), wherever the load was applied at that step (:func:`restored_late`).
+    The registered fixture's load is DCP's own, applied at once: a difference is a loss."""
     if saved is None or rank["loaded"] is None:
         return False
     if not _compare_digests(saved, rank["loaded"], ""):
         return False
-    stepped_alike = (
+    return not (
+        _stepped_alike(rank, reference) and (user_fixture or _holds_rank_0s(rank, saved, rank_0s))
+    )
+
+
+def _holds_rank_0s(rank: Obs, saved: Any, rank_0s: Any) -> bool:
+    return diagnosis.holds_rank_0s_copy(
+        _components(saved),
+        _components(rank["loaded"]),
+        None if rank_0s is None else _components(rank_0s),
+    )
+
+
+def _stepped_alike(rank: Obs, reference: Any) -> bool:
+    return (
         reference is not None
         and rank["next"] is not None
         and rank["next"]["loss"] == reference["loss"]
         and not _compare_digests(reference["digests"], rank["next"]["digests"], "")
     )
-    return not (
-        stepped_alike
-        and diagnosis.holds_rank_0s_copy(
-            _components(saved),
-            _components(rank["loaded"]),
-            None if rank_0s is None else _components(rank_0s),
-        )
+
+
+def restored_late(rank: Obs, saved: Any, reference: Any, where: str, rank_0s: Any) -> list[str]:
+    """The caution for a rank that loaded other state than it saved and then stepped as the
+    uninterrupted run did, as a resume's K steps are judged (resume_evidence.rule): the load
+    was applied at the first step. Not for rank 0's copy held by another rank."""
+    if saved is None or rank["loaded"] is None or not _stepped_alike(rank, reference):
+        return []
+    loaded, mine = _components(rank["loaded"]), _components(saved)
+    if loaded == mine or _holds_rank_0s(rank, saved, rank_0s):
+        return []
+    return diagnosis.restored_late(
+        where, diagnosis.named(diagnosis.differing_keys(mine, loaded)), "the load"
     )
 
 
@@ -92,18 +117,22 @@ def resumed(
     *,
     rank_0s: Any = None,
     others_lost: bool = False,
+    user_fixture: bool = False,
 ) -> list[str]:
     """One resumed rank against the state its source rank saved and that rank's next step;
     ``rank_0s``: source rank 0's saved state, where each rank resumes its own;
-    ``others_lost``: another rank of its group lost state (:func:`lost_at_load`)."""
+    ``others_lost``: another rank of its group lost state (:func:`lost_at_load`, as
+    ``user_fixture`` says)."""
     reasons = loaded_through_pointer(rank, commit, where)
     if rank["loaded"] is None or rank["next"] is None:
         return [*reasons, f"{where}: did not load and step"]
     lost = (
         _compare_digests(saved, rank["loaded"], f"{where}: after load")
-        if lost_at_load(rank, saved, reference, rank_0s)
+        if lost_at_load(rank, saved, reference, rank_0s, user_fixture=user_fixture)
         else []
     )
+    if user_fixture:
+        reasons += restored_late(rank, saved, reference, where, rank_0s)
     round_trip = diagnosis.round_trip_cause(scenario)
     reasons += [f"{round_trip}: {r}" for r in lost]
     if reference is None:

@@ -7,8 +7,9 @@ from typing import get_args
 
 from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis
-from dcp_invariant.evidence.checks import one_of, optional, record
+from dcp_invariant.evidence.checks import one_of, optional, record_omitting
 from dcp_invariant.evidence.families import resume_evidence
+from dcp_invariant.evidence.families._drawn_later import FURTHER
 from dcp_invariant.evidence.families._fixture_arms import (
     async_train_rank,
     fixture_common_fields,
@@ -20,7 +21,8 @@ from dcp_invariant.evidence.families._fixture_arms import (
 from dcp_invariant.evidence.families._promotion import commit_at_baseline
 from dcp_invariant.evidence.families._record_parts import Obs, always, group
 
-SHAPE = record(
+SHAPE = record_omitting(
+    {"further": FURTHER},
     **fixture_common_fields,
     save_mode=one_of(*get_args(plan.AsyncMode)),
     # never_saves and repeat are null where resume_<w>'s observation holds them, and judged

@@ -124,10 +124,17 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     ranks = target["ranks"] if target is not None else []
     reasons += rank_set(ranks, scenario.target_world_size, "restarted group")
 
+    user_fixture = "left_running" in obs  # FIXTURE_SHAPE: a user's fixture, not the registered
     lost = {
         r["rank"]
         for r in ranks
-        if lost_at_load(r, saved.get(r["rank"]), reference.get(r["rank"]), saved.get(0))
+        if lost_at_load(
+            r,
+            saved.get(r["rank"]),
+            reference.get(r["rank"]),
+            saved.get(0),
+            user_fixture=user_fixture,
+        )
     }
     for rank in ranks:
         where = f"restarted rank {rank['rank']}"
@@ -148,6 +155,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             scenario,
             rank_0s=saved.get(0),
             others_lost=bool(lost - {r}),
+            user_fixture=user_fixture,
         )
     after = obs["after"]
     if after is None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dcp_invariant import plan
 from dcp_invariant.evidence import diagnosis, object_causes
-from dcp_invariant.evidence.checks import optional, record
+from dcp_invariant.evidence.checks import optional, record_omitting
+from dcp_invariant.evidence.families._drawn_later import FURTHER, judged
 from dcp_invariant.evidence.families._fixture_arms import (
     fixture_arm,
     fixture_common_fields,
@@ -24,7 +25,8 @@ from dcp_invariant.evidence.families._promotion import (
 )
 from dcp_invariant.evidence.families._record_parts import Obs, always, group
 
-SHAPE = record(
+SHAPE = record_omitting(
+    {"further": FURTHER},
     **fixture_common_fields,
     never_saves=optional(group(never_saves_rank)),
     reference=optional(group(fixture_train_rank)),
@@ -72,7 +74,8 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     reasons += group_finished(target, scenario.target_world_size, "resumed group")
     saved = saved_by_rank(obs["reference"])
     cause_1: list[str] = []
-    lost_any = False  # a rank lost state at the load (cause_1 less what was restored late)
+    cautions: list[str] = []  # loads applied late (diagnosis.restored_late)
+    lost_any = False  # a rank lost state at the load
     hints: list[str] = []
     loaded_ranks = []
     for rank in target["ranks"]:
@@ -99,7 +102,8 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
                 continue  # a per-rank value the first step overwrote from rank 0's
             # Nothing was lost: what the load got was applied at the first step instead.
             load = "load_state_dict()" if scenario.checkpointing == "dcp" else "the app's load()"
-            cause_1 += diagnosis.restored_late(where, mine, rank["loaded"], load)
+            keys = diagnosis.named(diagnosis.differing_keys(mine, rank["loaded"]))
+            cautions += diagnosis.restored_late(where, keys, load)
             continue
         cause_1 += lost
         lost_any = lost_any or bool(lost)
@@ -132,9 +136,9 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             diagnosis.round_trip_cause(scenario),
         )
         if not diverged and not cause_1:
-            diverged = _unseen_at_the_end(scenario, arm, rank, where, k)
+            diverged = _unseen_at_the_end(scenario, obs, arm, rank, where)
         cause_2 += diverged
-    return reasons + cause_1 + hints + save_changed + cause_2
+    return reasons + cause_1 + hints + save_changed + cause_2 + cautions
 
 
 def _save_changed(reference: Obs, never: dict[int, Obs], n: int) -> list[str]:
@@ -184,31 +188,37 @@ def _objects_after_load(arm: Obs, rank: Obs) -> str:
 
 
 def _unseen_at_the_end(
-    scenario: plan.Scenario, arm: Obs, rank: Obs, where: str, k: int
+    scenario: plan.Scenario, obs: Obs, arm: Obs, rank: Obs, where: str
 ) -> list[str]:
     """Every resumed step matched, yet the app's tensors differ from the uninterrupted run's
-    after the K steps: state that never reaches the loss (an EMA the checkpoint leaves out)."""
+    after the K steps: state that never reaches the loss (an EMA the checkpoint leaves out).
+    Generators alone are judged by the arms run further (:mod:`._drawn_later`)."""
+    k = obs["steps_after"]
     final, resumed = object_causes.walk(arm, "final"), object_causes.walk(rank, "final")
     if final is None or resumed is None:
         return []
     paths = object_causes.at_the_end(final, resumed)
     if not paths:
         return []
-    cause, _ = diagnosis.outside_cause(scenario)
+    named = object_causes.shown(final, resumed, paths, "uninterrupted", "resumed")
     causes = object_causes.likely_causes(paths) or [
         "save it with the rest of the state, or drop it if nothing reads it"
     ]
+    # A tensor that depends on the run's history but is rebuilt or only measured (a cache, a
+    # metric) is not a resume bug: the user says so, and it is left out.
+    ignore = (
+        "if it is rebuilt on demand or only measured (a cache, a metric), leave it out "
+        f"with --ignore-attr {'.'.join(paths[0].split('.')[:2])}"
+    )
+    if object_causes.generators_alone(final, resumed, paths):
+        return judged(scenario, obs, rank["rank"], where, named, "; ".join(causes), ignore)
+    cause, _ = diagnosis.outside_cause(scenario)
     return [
         f"{cause}: {where}: every resumed step matches, yet after the {k} resumed steps the "
-        "app's "
-        + object_causes.shown(final, resumed, paths, "uninterrupted", "resumed")
-        + " differ from the uninterrupted run's: state no loss shows (an EMA or averaged model, "
-        "a copy kept aside) that the checkpoint does not carry; "
+        f"app's {named} differ from the uninterrupted run's: state no loss shows (an EMA or "
+        "averaged model, a copy kept aside) that the checkpoint does not carry; "
         + "; ".join(causes)
-        # A tensor that depends on the run's history but is rebuilt or only measured (a
-        # cache, a metric) is not a resume bug: the user says so, and it is left out.
-        + f"; if it is rebuilt on demand or only measured (a cache, a metric), leave it out "
-        f"with --ignore-attr {'.'.join(paths[0].split('.')[:2])}"
+        + f"; {ignore}"
     ]
 
 

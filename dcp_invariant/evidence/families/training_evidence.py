@@ -57,7 +57,9 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     expected = saved.get(first) if first is not None else None
     # The registered fixture is replicated: no rank's saved state is another's copy to keep.
     after = reference.get(first) if first is not None else None
-    lost = {r["rank"] for r in target["ranks"] if lost_at_load(r, expected, after)}
+    lost = {
+        r["rank"] for r in target["ranks"] if lost_at_load(r, expected, after, user_fixture=False)
+    }
     for rank in target["ranks"]:
         reasons += resumed(
             rank,

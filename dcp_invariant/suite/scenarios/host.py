@@ -77,6 +77,13 @@ class Host(Protocol):
         wrote: relative, unless those groups ran in another launch's directory."""
         ...
 
+    @property
+    def runs_further(self) -> bool:
+        """Whether a resume may run both arms again, longer, after its resumed group (where
+        only generators differ at the end, :func:`.resume.run`): every group then is fresh
+        processes. A torchrun job restarts its workers once, before the resumed group."""
+        ...
+
 
 @dataclass(frozen=True)
 class PoolHost:
@@ -108,6 +115,10 @@ class PoolHost:
 
     def written(self, workdir: Path, name: str) -> str:
         return name  # every task works in the scenario's workspace
+
+    @property
+    def runs_further(self) -> bool:
+        return True
 
 
 @dataclass(frozen=True)

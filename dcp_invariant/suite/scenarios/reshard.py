@@ -55,9 +55,12 @@ def resume_group(
     compare_steps: bool,
     host: Host | None = None,
     name: str = "target",
+    steps_after: int | None = None,
+    reference: str = REFERENCE_SNAPSHOTS,
 ) -> GroupRecord:
     """Fresh ranks at the target world size load through the pointer and take K steps (on
-    ``host``: another torch release's; else the scenario's)."""
+    ``host``: another torch release's; else the scenario's), or ``steps_after``, compared with
+    the arm that wrote the snapshots ``reference``."""
     sc = ctx.scenario
     payload: FixtureResume = {
         "shape": ctx.run_plan.shape,
@@ -65,10 +68,10 @@ def resume_group(
         "fixture": ctx.fixture,
         "fixture_args": ctx.run_plan.arguments,
         "rank_local": left_out(ctx),
-        "reference": ctx.written(REFERENCE_SNAPSHOTS),
+        "reference": ctx.written(reference),
         "ignored_attrs": list(ctx.run_plan.ignored_attrs),
         "source_world_size": sc.source_world_size,
-        "steps_after": ctx.run_plan.steps_after,
+        "steps_after": ctx.run_plan.steps_after if steps_after is None else steps_after,
         "store": ctx.written(STORE_ROOT),
     }
     target = ctx.group_on(host or ctx.host, name, FIXTURE_RESUME(payload), sc.target_world_size)

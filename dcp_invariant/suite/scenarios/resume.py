@@ -15,6 +15,11 @@ Three uninterrupted arms take the N+K steps:
   is sealed and promoted, and a fresh group loads it through the pointer and takes the K steps
   again. In a torchrun job (``in-job``) that group is every worker torchrun restarted.
 
+Where, after the K resumed steps, only the app's generators differ from the uninterrupted run's
+while every step matched, an uninterrupted arm and a fresh resumed group run again, on to
+``plan.further_steps(K)`` steps (``further``): the generator fails only if a later step shows it
+(dcp_invariant/evidence/families/_drawn_later.py).
+
 ``never_saves`` and ``repeat`` are the same at one world size whatever the scenario, so on this
 machine's pool the scenarios at that size share one run of each (:mod:`.shared_groups`); the
 artifact records them once, in ``resume_<w>``'s observation
@@ -26,14 +31,19 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from dcp_invariant import plan
 from dcp_invariant.evidence import object_causes
-from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, ScenarioContext
+from dcp_invariant.evidence.families._drawn_later import drawn_later
+from dcp_invariant.suite.scenarios.common import REFERENCE_SNAPSHOTS, SNAPSHOTS, ScenarioContext
 from dcp_invariant.suite.scenarios.payloads import FIXTURE_NEVER_SAVES, FIXTURE_TRAIN, FixtureTrain
 from dcp_invariant.suite.scenarios.reshard import reference_arm, resume_group, train_payload
 
 # Where the repeat arm saves: outside the store, which a shared group's scenarios each get a copy
-# of; its save is never sealed.
+# of; its save is never sealed. The arm run further (:func:`_further`) saves beside it, and
+# writes the snapshots its resumed group compares with beside the reference's.
 REPEAT_SAVES = "repeat-save"
+FURTHER_SAVES = "further-save"
+FURTHER_SNAPSHOTS = f"{SNAPSHOTS}/further"
 
 
 def _arm(
@@ -74,7 +84,42 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
         ctx.run_plan.ignored_attrs,
         never_saves=obs["never_saves"],
     )
+    if ctx.host.runs_further and drawn_later(obs):
+        with ctx.recording(obs):
+            obs["further"] = _further(ctx)
     return obs
+
+
+def _further(ctx: ScenarioContext) -> dict[str, Any]:
+    """Both arms again, run on to :func:`plan.further_steps` resumed steps: the uninterrupted
+    one (its save synchronous and never sealed, as ``repeat``'s, so the scenarios at one world
+    size share it) and a fresh group that loads the committed save again. Only their steps are
+    recorded: their walks would hold values no second run repeats (the global RNGs), which
+    nothing settles here."""
+    sc, label = ctx.scenario, ctx.run_plan.baseline_label
+    steps = plan.further_steps(ctx.run_plan.steps_after)
+    payload = train_payload(ctx, label, FURTHER_SNAPSHOTS, steps, objects=False)
+    payload["checkpoint"] = f"{FURTHER_SAVES}/{label}"
+    reference = ctx.group(
+        "further_reference", FIXTURE_TRAIN(payload), sc.source_world_size, shareable=True
+    )
+    further: dict[str, Any] = {
+        "steps_after": steps,
+        "reference": copy.deepcopy(reference.record()),
+        "target": None,
+    }
+    if reference.ok:
+        target = resume_group(
+            ctx,
+            compare_steps=True,
+            name="further_target",
+            steps_after=steps,
+            reference=FURTHER_SNAPSHOTS,
+        )
+        for rank in target["ranks"]:
+            rank["objects"] = {"final": None, "loaded": None}
+        further["target"] = target
+    return further
 
 
 def _arms_commit_resume(ctx: ScenarioContext, obs: dict[str, Any]) -> None:

@@ -167,6 +167,10 @@ class TorchrunHost:
     def written(self, workdir: Path, name: str) -> str:
         return name if self._source is None else str(self._source / name)
 
+    @property
+    def runs_further(self) -> bool:
+        return False  # the resumed group runs after the job's one restart, in the same ranks
+
     def _next(self, kind: str, name: str) -> Entry:
         """The next record to hand back, which must be ``kind`` named ``name``."""
         assert self._replay is not None

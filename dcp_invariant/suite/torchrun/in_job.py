@@ -371,5 +371,7 @@ def _write_artifact(
         print(f"{result.verdict:<4}  {result.name}", flush=True)
         for reason in result.reasons:
             print(f"      - {reason}", flush=True)
+        for warning in result.warnings:
+            print(f"      warning: {warning}", flush=True)
     print(report.summary, flush=True)
     return 0 if report.passed else 1
