@@ -106,7 +106,9 @@ class Recipe:
         base = [uv, "pip", "install", "--no-config", "--quiet", "--python", env_python]
         torch, numpy = self.requirements
         if self.index is not None:
-            return [[*base, "--index", self.index, torch], [*base, numpy]]
+            # One argument: a value that starts with "-" (DCP_INVARIANT_TORCH_INDEX=--help)
+            # would otherwise reach uv as an option of its own.
+            return [[*base, f"--index={self.index}", torch], [*base, numpy]]
         if self.build == "cpu-index":
             return [[*base, "--torch-backend", "cpu", torch, numpy]]
         return [[*base, torch, numpy]]

@@ -76,8 +76,15 @@ def test_pypis_build_takes_uvs_default_index() -> None:
 def test_an_index_of_the_users_serves_torch_and_numpy_comes_from_the_default() -> None:
     recipe = Recipe("2.15.0", "cpu-index", "3.11", "2.4.6", "linux", "x86_64", "file:///m")
     torch, numpy = recipe.install_commands("uv", "/e/bin/python")
-    assert torch[-3:] == ["--index", "file:///m", "torch==2.15.0"]
-    assert numpy[-1] == "numpy==2.4.6" and "--index" not in numpy
+    assert torch[-2:] == ["--index=file:///m", "torch==2.15.0"]
+    assert numpy[-1] == "numpy==2.4.6" and not any(a.startswith("--index") for a in numpy)
+
+
+def test_an_index_that_looks_like_an_option_stays_the_indexs_value() -> None:
+    """DCP_INVARIANT_TORCH_INDEX=--help must not reach uv as its own option (issue #46)."""
+    recipe = Recipe("2.15.0", "cpu-index", "3.11", "2.4.6", "linux", "x86_64", "--help")
+    torch, _ = recipe.install_commands("uv", "/e/bin/python")
+    assert "--help" not in torch and "--index=--help" in torch
 
 
 def test_the_environment_is_made_on_the_runners_own_interpreter() -> None:
