@@ -74,3 +74,21 @@ def test_correct_loader_loops_pass_without_a_warning_or_running_further(loop: st
     assert further == dict.fromkeys(NAMES)
     for name, (reasons, warnings) in judged.items():
         assert (reasons, warnings) == ([], []), name
+
+
+def test_a_stateful_loader_with_workers_read_before_its_load_fails_at_the_first_step() -> None:
+    """The same loop with two persistent workers does not resume: a fresh multi-worker
+    StatefulDataLoader whose state_dict() is read before load_state_dict() (as DCP's in-place
+    load must read it) restarts otherwise, measured outside the tool too (torchdata 0.11.0:
+    a fresh loader's state_dict() starts an iterator, ``_initial_iter_for_state_dict``, whose
+    workers hold the initial state; prime-rl PR #3332 met the like). A true failure: the first
+    resumed step differs, and the loader's objects are named."""
+    judged, further = run("stateful_loader_workers")
+    assert further == dict.fromkeys(NAMES)  # a step differs: nothing to run further for
+    for name, (reasons, _) in judged.items():
+        assert reasons, name
+        assert reasons[0].startswith(
+            "state outside state_dict(): rank 0: loaded == saved, but step 4 (resumed step 1) "
+            "differs: loss expected"
+        ), reasons
+        assert "app.loader._initial_iter_for_state_dict (saved False, loaded True)" in reasons[0]
