@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import os
 import queue
-import random
 import shutil
 import tempfile
 import threading
@@ -48,7 +47,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
@@ -160,8 +158,7 @@ class TrainerApp:
         ``_save_rng_state`` writes on CPU)."""
         self._start(None)  # the optimizer and scheduler are made in train()
         trainer = self.trainer
-        version, python_state, gauss = random.getstate()
-        _, numpy_keys, numpy_pos, has_gauss, cached_gaussian = np.random.get_state()
+        python, numpy, cpu = accelerate_adapter.global_rng_states()
         return {
             "model": trainer.model.state_dict(),
             "optimizer": trainer.optimizer.state_dict(),
@@ -170,20 +167,7 @@ class TrainerApp:
                 "global_step": int(trainer.state.global_step),
                 "epoch": float(trainer.state.epoch or 0.0),
             },
-            "rng_state": {
-                "python": {
-                    "version": version,
-                    "state": torch.tensor(python_state, dtype=torch.int64),
-                    "gauss": gauss,
-                },
-                "numpy": {
-                    "keys": torch.from_numpy(np.asarray(numpy_keys, dtype=np.int64)),
-                    "pos": int(numpy_pos),
-                    "has_gauss": int(has_gauss),
-                    "cached_gaussian": float(cached_gaussian),
-                },
-                "cpu": torch.get_rng_state(),
-            },
+            "rng_state": {"python": python, "numpy": numpy, "cpu": cpu},
         }
 
     def stop(self) -> None:

@@ -220,23 +220,32 @@ def _random_states(accelerator: Any) -> dict[str, Any]:
     """What ``random_states_<rank>.pkl`` holds on CPU (``save_accelerator_state`` in
     accelerate/checkpointing.py), as tensors: Python's, NumPy's and torch's global generators,
     and the Accelerator's step counter (gradient accumulation)."""
+    python, numpy, torch_state = global_rng_states()
+    return {
+        "step": int(accelerator.step),
+        "random_state": python,
+        "numpy_random_seed": numpy,
+        "torch_manual_seed": torch_state,
+    }
+
+
+def global_rng_states() -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """Python's, NumPy's and torch's global generator states as a state dict holds them: numbers
+    and tensors, which ``state_dict()`` compares key by key (frameworks pickle the tuples)."""
     import numpy as np
     import torch
 
     version, python_state, gauss = random.getstate()
     _, numpy_keys, numpy_pos, has_gauss, cached_gaussian = np.random.get_state()
-    return {
-        "step": int(accelerator.step),
-        "random_state": {
-            "version": version,
-            "state": torch.tensor(python_state, dtype=torch.int64),
-            "gauss": gauss,
-        },
-        "numpy_random_seed": {
-            "keys": torch.from_numpy(np.asarray(numpy_keys, dtype=np.int64)),
-            "pos": int(numpy_pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        },
-        "torch_manual_seed": torch.get_rng_state(),
+    python = {
+        "version": version,
+        "state": torch.tensor(python_state, dtype=torch.int64),
+        "gauss": gauss,
     }
+    numpy = {
+        "keys": torch.from_numpy(np.asarray(numpy_keys, dtype=np.int64)),
+        "pos": int(numpy_pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+    return python, numpy, torch.get_rng_state()
