@@ -50,6 +50,17 @@ class FixtureProblem(BadInput, ValueError):
     """The fixture does not follow the interface; the message says what to change."""
 
 
+class FixtureError(FixtureProblem):
+    """A fixture spec that does not name a usable fixture (a misspelt module or callable, one
+    that cannot be called with the fixture arguments): found where the spec is resolved, in the
+    runner's probe, a worker, or each rank of an ``in-job`` job alike."""
+
+
+class FrameworkMissing(FixtureError):
+    """The framework an adapter wraps (:mod:`dcp_invariant.adapters`) is not installed in the
+    workers' Python."""
+
+
 class OutputDirError(BadInput):
     """The output directory cannot take an artifact; the message says what to change."""
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from dcp_invariant.suite.fixture import FixtureError, names_the_module
+# Raised here, defined with every other bad input (dcp_invariant.errors).
+from dcp_invariant.errors import FrameworkMissing as FrameworkMissing
+from dcp_invariant.suite.fixture import names_the_module
 
 # The releases the adapters are tested against (pyproject.toml's `frameworks` extra).
 EXTRA = "frameworks"
-
-
-class FrameworkMissing(FixtureError):
-    """The framework an adapter wraps is not installed in the workers' Python."""
 
 
 def framework(module: str, distribution: str, adapter: str) -> ModuleType:

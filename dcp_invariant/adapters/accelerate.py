@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dcp_invariant.adapters import framework
-from dcp_invariant.suite.fixture import FixtureError
+from dcp_invariant.errors import FixtureError
 
 # What build returns: the Accelerator and one training step.
 Built = tuple[Any, Callable[[], float]]

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dcp_invariant.adapters import framework
-from dcp_invariant.suite.fixture import FixtureError
+from dcp_invariant.errors import FixtureError
 
 # What build returns: the Fabric, the state fabric.save checkpoints, and one training step.
 Built = tuple[Any, dict[str, Any], Callable[[], float]]

@@ -31,12 +31,12 @@ from torch.distributed.checkpoint.state_dict_saver import (
 )
 from torch.distributed.distributed_c10d import _set_pg_timeout
 
+from dcp_invariant.errors import FixtureError
 from dcp_invariant.plan import AppShape
 from dcp_invariant.ranks import app_objects, checkpointing, digest, state_keys
 from dcp_invariant.ranks.tasks import load_through_pointer
 from dcp_invariant.suite.fixture import (
     Anchored,
-    FixtureError,
     broken_interface,
     build_app,
     checked_loss,

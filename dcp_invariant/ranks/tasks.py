@@ -26,9 +26,10 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from dcp_invariant import plan
 from dcp_invariant.commit import ReceiptMismatch
 from dcp_invariant.commit.store import CheckpointStore
+from dcp_invariant.errors import FixtureError
 from dcp_invariant.ranks import checkpointing
 from dcp_invariant.ranks.digest import component_digests, value_digest
-from dcp_invariant.suite.fixture import Anchored, FixtureError, build_app, load_fixture
+from dcp_invariant.suite.fixture import Anchored, build_app, load_fixture
 from dcp_invariant.suite.scenarios.payloads import (
     DTensorLoad,
     DTensorSave,

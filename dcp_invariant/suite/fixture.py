@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
-from dcp_invariant.errors import Error
+from dcp_invariant.errors import FixtureError
 from dcp_invariant.plan import DCP_SHAPE, DECLARATIONS, AppShape, Checkpointing, own_shape
 
 
@@ -53,10 +53,6 @@ class SavingApp(Protocol):
 
 
 Fixture = Callable[..., App | SavingApp]  # (rank, world_size, **fixture_args)
-
-
-class FixtureError(Error, ValueError):
-    """A fixture spec that does not name a usable fixture."""
 
 
 def load_fixture(spec: str, arguments: Mapping[str, Any] | None = None) -> Fixture:

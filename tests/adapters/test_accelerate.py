@@ -94,7 +94,7 @@ def test_one_rank_resumes_through_save_state_and_load_state(
 def test_an_fsdp_plugin_accelerate_drops_on_cpu_stops_the_build(accelerate_world: None) -> None:
     import accelerate_loops
 
-    from dcp_invariant.suite.fixture import FixtureError
+    from dcp_invariant.errors import FixtureError
 
     with pytest.raises(FixtureError, match=r"^Accelerate dropped its FSDP plugin: on CPU it runs "):
         accelerate_loops.fsdp2_plugin(0, 1)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dcp_invariant.suite.fixture import Anchored, FixtureError, check_shape, load_fixture
+from dcp_invariant.errors import FixtureError
+from dcp_invariant.suite.fixture import Anchored, check_shape, load_fixture
 
 
 @pytest.fixture

@@ -489,3 +489,31 @@ def test_two_hosts_joined_by_a_veth_pair(tmp_path: Path) -> None:
     assert verify_artifact(job.output).passed
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
     assert f"dcpi-{tag}" not in listed.stdout
+
+
+@pytest.mark.parametrize("bad", ["misspelt fixture", "output dir is a file"])
+def test_bad_input_is_one_line_a_rank_on_both_attempts_and_writes_nothing(
+    tmp_path: Path, bad: str
+) -> None:
+    """Each rank says the problem in one line and exits 2; torchrun's restart meets the same
+    refusal, not a missing record of the first attempt; the checkpoint directory stays empty
+    (issue #46, item 4)."""
+    fixture = "fixture_loop:correct" if bad == "misspelt fixture" else "fixture_loops:correct"
+    if bad == "output dir is a file":
+        (tmp_path / "evidence").write_text("mine\n")
+    with torchrun_job(tmp_path, nodes=1, nproc=2, fixture=fixture) as job:
+        assert job.wait() != [0], job.log()
+    log = job.log()
+    said = [line for line in log.splitlines() if "dcp-invariant: error:" in line]
+    assert len(said) == 4, log  # two ranks, two attempts
+    assert len({line.split("dcp-invariant: error: ", 1)[1] for line in said}) == 1, said
+    expected = "cannot import 'fixture_loop'" if bad == "misspelt fixture" else "evidence"
+    assert expected in said[0], said
+    # No worker's traceback (torchrun's agent prints its own ChildFailedError).
+    for frame in ("in_job.py", "fixture.py", "cli.py", "FixtureError", "OutputDirError"):
+        assert frame not in log, log
+    assert not job.checkpoint.exists() or not any(job.checkpoint.rglob("*")), sorted(
+        str(p.relative_to(job.checkpoint)) for p in job.checkpoint.rglob("*")
+    )
+    if bad == "output dir is a file":
+        assert (tmp_path / "evidence").read_text() == "mine\n"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -187,13 +188,14 @@ def main(options: Options) -> int:
         job.expect_no_restart()
         resumed_from, source = first_launch(options.resume_from.resolve())
         run_plan = the_plan(options, job, resumed_from)
-    # Before any collective: bad input is found by every rank alike, and said once.
+    # Before any collective, and on every attempt alike: bad input is found by every rank, and
+    # torchrun's restart meets the same refusal, not the first attempt's missing records.
     fixture.load_fixture(options.fixture, options.fixture_args)
+    output_dir.check_target(options.output_dir)
     root = options.checkpoint_dir.resolve()
     launch_id = run_id(os.environ)
     refused = root / STATE_DIR / f"refused-{launch_id}"
     if job.restart_count == 0:
-        output_dir.check_target(options.output_dir)
         # Before the process group: no rank of this launch has created anything yet.
         earlier = [s.name for s in run_plan.scenarios if (root / s.name).exists()]
         if earlier:
@@ -252,6 +254,9 @@ def _shape(options: Options, job: JobEnvironment, root: Path) -> plan.AppShape:
         app = fixture.build_app(options.fixture, job.rank, job.world_size, options.fixture_args)
     finally:
         os.chdir(home)
+        # Only its shape is kept: the app built here is not used again, and a job refused from
+        # here on (apps that differ by rank) leaves nothing of it.
+        shutil.rmtree(scratch, ignore_errors=True)
     shapes: list[Any] = [None] * job.world_size
     dist.all_gather_object(shapes, app.shape)
     for rank, shape in enumerate(shapes):
