@@ -38,7 +38,6 @@ wraps the model in DDP.
 
 from __future__ import annotations
 
-import os
 import queue
 import shutil
 import tempfile
@@ -64,9 +63,6 @@ BATCH = 4  # per device
 MAX_STEPS = 2048
 WARMUP = 2  # steps: the learning rate changes at each of the first ones
 
-# The environment as it was before the last build changed it (the launcher's variables, and
-# what Accelerate sets itself): put back before the next build in this process.
-_changed: dict[str, str | None] = {}
 # The app built last in this process, whose thread is ended when the next is built.
 _last: list[TrainerApp] = []
 
@@ -273,35 +269,11 @@ def _on_the_tools_group(rank: int, world_size: int, build: Callable[[], _KeepsLo
     """``build()`` with Accelerate's state fresh and the launcher's variables set from the
     tool's group where unset: Trainer's ``TrainingArguments._setup_devices``
     (transformers/training_args.py) makes a ``PartialState(cpu=True)``, which reads them and
-    reuses the group that is up (the Accelerate adapter's docstring says how)."""
+    reuses the group that is up (``accelerate_adapter.on_the_tools_group``)."""
     if not dist.is_initialized():
         raise RuntimeError("trainer_loops:trainer runs on the tool's process group: run it there")
-    accelerate_adapter.reset()
-    for name, old in _changed.items():
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-    _changed.clear()
-    before = dict(os.environ)
-    # The tool's workers are one node (torchrun sets these itself, and they are left alone).
-    for name, value in (
-        ("RANK", rank),
-        ("WORLD_SIZE", world_size),
-        ("LOCAL_RANK", rank),
-        ("LOCAL_WORLD_SIZE", world_size),
-    ):
-        os.environ.setdefault(name, str(value))
-    # PartialState sets torch's thread count when OMP_NUM_THREADS is unset (accelerate/state.py):
-    # the tool's stays as the tool set it.
-    threads = torch.get_num_threads()
-    try:
+    with accelerate_adapter.on_the_tools_group():
         built = build()
-    finally:
-        torch.set_num_threads(threads)
-        for name in set(before) | set(os.environ):
-            if os.environ.get(name) != before.get(name):
-                _changed[name] = before.get(name)
     counted = (built.args.world_size, built.args.process_index)
     if counted != (world_size, rank):
         raise RuntimeError(

@@ -42,9 +42,10 @@ prepared model (unwrapped), optimizer and scheduler, each registered object's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from dcp_invariant.adapters import framework
@@ -133,26 +134,16 @@ def reset() -> None:
     _changed.clear()
 
 
-def _name(stem: str, i: int) -> str:
-    # As save_accelerator_state names the files of the second and later objects of a kind.
-    return stem if i == 0 else f"{stem}_{i}"
-
-
-def _accelerator(accelerate: Any, kwargs: Mapping[str, Any]) -> Any:
-    """An Accelerator on CPU over the tool's process group (module docstring)."""
+@contextlib.contextmanager
+def on_the_tools_group() -> Iterator[tuple[int, int]]:
+    """Within, Accelerate's state is fresh (:func:`reset`) and the launcher's variables are set
+    from the tool's process group where unset, so an Accelerator made there (or a
+    ``PartialState``, as Hugging Face's ``TrainingArguments`` makes) reuses the group that is up;
+    the group's ``(rank, world_size)``. What it changed in the environment is put back by the
+    next :func:`reset`, and torch's thread count at once."""
     import torch
     import torch.distributed as dist
 
-    if "cpu" in kwargs:
-        raise FixtureError(
-            "make_accelerator(cpu=...): the adapter runs Accelerate on the tool's CPU process "
-            "group (cpu=True); leave it out"
-        )
-    if not dist.is_initialized():
-        raise FixtureError(
-            "dcp_invariant.adapters.accelerate needs the tool's process group, which is not up: "
-            "build the app in a fixture the tool calls"
-        )
     reset()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     before = dict(os.environ)
@@ -169,12 +160,35 @@ def _accelerator(accelerate: Any, kwargs: Mapping[str, Any]) -> Any:
     # per local rank (accelerate/state.py): the tool's thread count stays as the tool set it.
     threads = torch.get_num_threads()
     try:
-        accelerator = accelerate.Accelerator(cpu=True, **kwargs)
+        yield rank, world_size
     finally:
         torch.set_num_threads(threads)
         for name in set(before) | set(os.environ):
             if os.environ.get(name) != before.get(name):
                 _changed[name] = before.get(name)
+
+
+def _name(stem: str, i: int) -> str:
+    # As save_accelerator_state names the files of the second and later objects of a kind.
+    return stem if i == 0 else f"{stem}_{i}"
+
+
+def _accelerator(accelerate: Any, kwargs: Mapping[str, Any]) -> Any:
+    """An Accelerator on CPU over the tool's process group (module docstring)."""
+    import torch.distributed as dist
+
+    if "cpu" in kwargs:
+        raise FixtureError(
+            "make_accelerator(cpu=...): the adapter runs Accelerate on the tool's CPU process "
+            "group (cpu=True); leave it out"
+        )
+    if not dist.is_initialized():
+        raise FixtureError(
+            "dcp_invariant.adapters.accelerate needs the tool's process group, which is not up: "
+            "build the app in a fixture the tool calls"
+        )
+    with on_the_tools_group() as (rank, world_size):
+        accelerator = accelerate.Accelerator(cpu=True, **kwargs)
     counted = (accelerator.num_processes, accelerator.process_index)
     if counted != (world_size, rank):
         raise FixtureError(
