@@ -21,6 +21,10 @@ which exact values are equal and drops the numbers float values took.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from dcp_invariant import canonical
 
 _HEX_FLOAT = re.compile(r"-?0x[0-9a-f]+(?:\.[0-9a-f]*)?p[-+]?\d+")
 # A fingerprint: its kind (one word or more: "float64[32]", "ndarray float64[3]", "Generator"),
@@ -75,3 +79,20 @@ class _Masking:
             return text
         label = self._labels.setdefault(found["label"], f"~{len(self._labels) + 1}")
         return f"{kind} {label}"
+
+
+def differing_files(
+    mine: Path, theirs: Path, files: Iterable[str], observations: set[str]
+) -> list[str]:
+    """The ``files`` (relative) of two artifacts that differ: the ``observations`` compared as
+    :func:`comparable` leaves them, every other file byte for byte."""
+    differ = []
+    for rel in files:
+        a, b = (mine / rel).read_bytes(), (theirs / rel).read_bytes()
+        if rel in observations:
+            same = comparable(canonical.loads(a)) == comparable(canonical.loads(b))
+        else:
+            same = a == b
+        if not same:
+            differ.append(rel)
+    return differ

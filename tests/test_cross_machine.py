@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cross_machine import comparable, is_float_kind
+from cross_machine import comparable, differing_files, is_float_kind
 
 from dcp_invariant import canonical
 from dcp_invariant.evidence import schema
@@ -103,3 +103,16 @@ def test_kinds_made_by_float_arithmetic(kind: str, made_by_floats: bool) -> None
 def test_exact_digests_and_text_are_kept_as_they_are() -> None:
     record = walk(a=f"int64[2] {DIGEST_C}", b="str", c="True", d="int 7")
     assert comparable(record) == record
+
+
+def test_artifact_files_differ_only_where_the_code_decided_otherwise(tmp_path: Path) -> None:
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for root, loss, verdict in ((mine, "0x1.8p-1", b"pass\n"), (theirs, "0x1.9p-1", b"fail\n")):
+        root.mkdir()
+        (root / "obs.json").write_bytes(canonical.dumps(walk(x=loss)))
+        (root / "same.json").write_bytes(canonical.dumps(walk(x="int 3")))
+        (root / "result.txt").write_bytes(verdict)
+    files = ["obs.json", "same.json", "result.txt"]
+    observations = {"obs.json", "same.json"}
+    assert differing_files(mine, theirs, files, observations) == ["result.txt"]
+    assert differing_files(mine, theirs, ["obs.json"], set()) == ["obs.json"]  # bytes, unmasked
