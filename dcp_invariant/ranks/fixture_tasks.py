@@ -452,9 +452,7 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
         record["loaded"] = _compare(
             spec, app, reference, source_rank, "saved", "loaded", record["diffs"]
         )
-        record["objects"]["loaded"] = _objects(
-            app, payload["compare_steps"], payload["ignored_attrs"]
-        )
+        record["objects"]["loaded"] = _objects(app, payload["objects"], payload["ignored_attrs"])
     report(record)
     for step in range(1, payload["steps_after"] + 1):
         loss = _loss(spec, app)
@@ -466,7 +464,7 @@ def fixture_resume(rank: int, world_size: int, payload: FixtureResume, report: R
                 keys = state_keys.record(_leaves(spec, app))
             if step == payload["steps_after"]:
                 record["objects"]["final"] = _objects(
-                    app, payload["compare_steps"], payload["ignored_attrs"]
+                    app, payload["objects"], payload["ignored_attrs"]
                 )
         record["steps"].append({"keys": keys, "loss": loss.hex()})
         report(record)

@@ -134,6 +134,7 @@ def _train_commit_resume(
     resume: FixtureResume = {
         "shape": shape,
         "compare_steps": True,
+        "objects": True,
         "ignored_attrs": [],
         "fixture": spec,
         "fixture_args": {},

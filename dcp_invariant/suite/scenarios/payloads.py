@@ -123,6 +123,10 @@ class FixtureNeverSaves(TypedDict):
 
 class FixtureResume(TypedDict):
     compare_steps: bool
+    # Walk the app's objects right after the load and at the end (ranks/app_objects.py), where a
+    # rule compares them: a resume's resumed group does; the group a resume runs further, whose
+    # steps alone are compared, does not.
+    objects: bool
     shape: plan.AppShape  # who saves and loads, the tool or the app, and what the app declares
     fixture: str
     fixture_args: FixtureArgs

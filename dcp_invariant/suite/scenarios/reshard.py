@@ -57,14 +57,17 @@ def resume_group(
     name: str = "target",
     steps_after: int | None = None,
     reference: str = REFERENCE_SNAPSHOTS,
+    objects: bool = True,
 ) -> GroupRecord:
     """Fresh ranks at the target world size load through the pointer and take K steps (on
     ``host``: another torch release's; else the scenario's), or ``steps_after``, compared with
-    the arm that wrote the snapshots ``reference``."""
+    the arm that wrote the snapshots ``reference``; ``objects``: walk the app's objects too,
+    where the steps are compared."""
     sc = ctx.scenario
     payload: FixtureResume = {
         "shape": ctx.run_plan.shape,
         "compare_steps": compare_steps,
+        "objects": compare_steps and objects,
         "fixture": ctx.fixture,
         "fixture_args": ctx.run_plan.arguments,
         "rank_local": left_out(ctx),

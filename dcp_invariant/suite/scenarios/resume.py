@@ -93,9 +93,9 @@ def run(ctx: ScenarioContext) -> dict[str, Any]:
 def _further(ctx: ScenarioContext) -> dict[str, Any]:
     """Both arms again, run on to :func:`plan.further_steps` resumed steps: the uninterrupted
     one (its save synchronous and never sealed, as ``repeat``'s, so the scenarios at one world
-    size share it) and a fresh group that loads the committed save again. Only their steps are
-    recorded: their walks would hold values no second run repeats (the global RNGs), which
-    nothing settles here."""
+    size share it) and a fresh group that loads the committed save again. Neither walks the
+    app's objects: only their steps are compared, and walks would hold values no second run
+    repeats (the global RNGs), which nothing settles here."""
     sc, label = ctx.scenario, ctx.run_plan.baseline_label
     steps = plan.further_steps(ctx.run_plan.steps_after)
     payload = train_payload(ctx, label, FURTHER_SNAPSHOTS, steps, objects=False)
@@ -115,9 +115,8 @@ def _further(ctx: ScenarioContext) -> dict[str, Any]:
             name="further_target",
             steps_after=steps,
             reference=FURTHER_SNAPSHOTS,
+            objects=False,
         )
-        for rank in target["ranks"]:
-            rank["objects"] = {"final": None, "loaded": None}
         further["target"] = target
     return further
 
