@@ -21,6 +21,7 @@ from dcp_invariant import __version__, canonical, plan, runtimes
 from dcp_invariant.evidence import schema
 
 if TYPE_CHECKING:
+    from dcp_invariant.python_api import Report
     from dcp_invariant.suite.runner import Finished
 
 from dcp_invariant.errors import EXIT_FAIL, EXIT_OK, BadInput, UsageError
@@ -288,7 +289,11 @@ def _env_path(name: str) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except KeyboardInterrupt:  # no command has begun: nothing is written
+            print("dcp-invariant: interrupted: nothing written", file=sys.stderr)
+            return 128 + signal.SIGINT
         commands = {
             "run": _run,
             "verify": _verify,
@@ -491,31 +496,11 @@ def _revision(args: argparse.Namespace, *, announce: bool) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dcp_invariant import python_api
-
-    run_plan = _run_plan(args)
-    timeout = python_api.checked_timeout(args.timeout, "--timeout")
-    try:
-        cwd = os.getcwd()
-    except FileNotFoundError:
-        raise UsageError(
-            "the current directory no longer exists: cd into an existing directory"
-        ) from None
-    revision = _revision(args, announce=True)
-    if run_plan.kind == "fixture":
-        # As uvicorn and gunicorn do for MODULE:ATTR: the fixture's module is found from here.
-        sys.path.insert(0, cwd)
-    progress = _Progress(debug=args.debug)
+    # From the start, not only around the scenarios: a Ctrl-C while the plan is read or git
+    # asked for the revision is one line too, not a KeyboardInterrupt traceback.
     try:
         with _interruptible():
-            report = python_api.run_plan(
-                run_plan,
-                args.output_dir,
-                timeout=timeout,
-                revision=revision,
-                on_finish=progress,
-                cache_dir=args.cache_dir,
-            )
+            report, progress = _run_report(args)
     except Interrupted as exc:
         print("dcp-invariant: interrupted: nothing written", file=sys.stderr)
         return 128 + exc.signum
@@ -535,6 +520,33 @@ def _run(args: argparse.Namespace) -> int:
     notes = [f"note: {note}" for note in report.notes]
     _print_lines([*later, *notes, report.summary])
     return EXIT_OK if report.passed else EXIT_FAIL
+
+
+def _run_report(args: argparse.Namespace) -> tuple[Report, _Progress]:
+    from dcp_invariant import python_api
+
+    progress = _Progress(debug=args.debug)
+    run_plan = _run_plan(args)
+    timeout = python_api.checked_timeout(args.timeout, "--timeout")
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:
+        raise UsageError(
+            "the current directory no longer exists: cd into an existing directory"
+        ) from None
+    revision = _revision(args, announce=True)
+    if run_plan.kind == "fixture":
+        # As uvicorn and gunicorn do for MODULE:ATTR: the fixture's module is found from here.
+        sys.path.insert(0, cwd)
+    report = python_api.run_plan(
+        run_plan,
+        args.output_dir,
+        timeout=timeout,
+        revision=revision,
+        on_finish=progress,
+        cache_dir=args.cache_dir,
+    )
+    return report, progress
 
 
 class _Progress:

@@ -104,3 +104,19 @@ class NotACheckpoint(BadInput):
 
 class BadWorldSize(BadInput):
     """``inspect --world-size`` is not a positive number of ranks."""
+
+
+# --- the user's code, at run time ------------------------------------------------------------
+
+
+class AppRaised(Error, RuntimeError):
+    """The user's code raised, inside a rank: the fixture function or one of the app's methods
+    (``method``, one of :data:`dcp_invariant.plan.APP_METHODS`), with any ``BaseException`` but
+    the tool's own interrupt. ``error`` is what it raised; its traceback goes to the worker's
+    log, its type (never its message, which may hold paths) to the evidence."""
+
+    def __init__(self, method: str, error: BaseException) -> None:
+        where = "the fixture" if method == "fixture" else f"the app's {method}()"
+        super().__init__(f"{where} raised {type(error).__name__}: {error}")
+        self.method = method
+        self.error = error

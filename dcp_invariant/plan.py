@@ -149,6 +149,12 @@ LoadFailure = Literal[
 ]
 LOAD_FAILURES: tuple[LoadFailure, ...] = get_args(LoadFailure)
 
+# The app's methods the tool calls, and the fixture function that builds it: what raised, when
+# the user's own code did (any BaseException but the tool's own interrupt: torch's
+# CheckpointException derives from BaseException, torch/distributed/checkpoint/api.py).
+AppMethod = Literal["fixture", "save", "load", "state_dict", "load_state_dict", "step"]
+APP_METHODS: tuple[AppMethod, ...] = get_args(AppMethod)
+
 DamageKind = Literal["remove", "flip"]
 
 

@@ -7,6 +7,7 @@ cheap as the verifier needs it to be. The suite is imported when a check runs.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import math
@@ -56,7 +57,9 @@ class Report:
     passed: bool
     results: Mapping[str, ScenarioResult]  # in the plan's order
     diagnoses: tuple[Diagnosis, ...]  # ranked: the likeliest root cause first
-    artifact: Path | None  # the evidence directory; None when the run wrote none
+    # The evidence directory: check()'s output_dir; None when the run wrote none, or when it
+    # was given none (the temporary evidence is removed once the report is built).
+    artifact: Path | None
     notes: tuple[str, ...] = ()  # what the run did not check (plan.Plan.notes)
 
     @property
@@ -103,9 +106,11 @@ def check(
 
     ``fixture`` is ``"module:callable"`` or a module-level callable; it is called as
     ``fixture(rank, world_size, **fixture_args)`` in worker processes, which import it by name.
-    ``output_dir`` must not exist or be empty; ``None`` writes the evidence to a new temporary
-    directory, named in the report. Bad input raises :class:`~dcp_invariant.BadInput` (one line:
-    the problem and the fix) before anything runs or is written.
+    ``output_dir`` must not exist or be empty; the evidence is written there and the report
+    names it (``Report.artifact``). With ``None``, the evidence goes to a temporary directory,
+    removed once the report is built: ``Report.artifact`` is then None. Calls in several threads
+    of one process run one after another. Bad input raises :class:`~dcp_invariant.BadInput`
+    (one line: the problem and the fix) before anything runs or is written.
     """
     # Every argument's type first, so a wrong one is named as such, before anything is imported,
     # asked of git or written (and never reaches the code below as a TypeError).
@@ -148,10 +153,17 @@ def check(
         return run_plan(run, target, timeout=seconds, revision=revision, cache_dir=cache)
     home = Path(tempfile.mkdtemp(prefix="dcp-invariant-"))
     try:
-        return run_plan(run, home / "evidence", timeout=seconds, revision=revision, cache_dir=cache)
+        report = run_plan(
+            run, home / "evidence", timeout=seconds, revision=revision, cache_dir=cache
+        )
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)  # nothing written: the directory was ours
         raise
+    # Evidence no one asked to keep: the report holds every verdict and reason, and a check run
+    # on every pull request would fill a long-lived runner's temp directory (about 1.4 MB a
+    # run). Only this process wrote it, and it is closed. The report then names no directory.
+    shutil.rmtree(home)
+    return dataclasses.replace(report, artifact=None)
 
 
 def run_plan(
@@ -169,13 +181,14 @@ def run_plan(
     from dcp_invariant.evidence import provenance
     from dcp_invariant.evidence.diagnosis import TIMEOUT
     from dcp_invariant.suite import output_dir as reserve
-    from dcp_invariant.suite import reaper, runner
+    from dcp_invariant.suite import pool, reaper, runner
 
     reservation = reserve.Reservation(output_dir)
     try:
         # Started here, not by the suite: the guardian must outlive the artifact's writing, so
         # that a SIGKILL at any moment before the reservation is released leaves nothing of it.
-        with reaper.Guardian() as guardian:
+        # Its token is set in this process's environment: a run in another thread waits.
+        with pool.one_run_at_a_time(), reaper.Guardian() as guardian:
             guardian.release_if_killed(reservation.lock_path)
             try:
                 try:

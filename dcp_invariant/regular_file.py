@@ -14,7 +14,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Final
 
@@ -29,6 +30,11 @@ CHUNK_BYTES: Final = 1 << 20
 # What open(2) with O_NOFOLLOW gives for a symlink: ELOOP (Linux, macOS), EMLINK (FreeBSD),
 # EFTYPE (NetBSD).
 _SYMLINK_ERRNOS: Final = {errno.ELOOP, errno.EMLINK, getattr(errno, "EFTYPE", errno.ELOOP)}
+# Called before every chunk a read or a copy takes: it raises to stop a long one (gigabytes a
+# save wrote) when the run is being interrupted, which must stop within 2 s whatever a file's
+# size. The runner sets it in each scenario's thread (a context variable: per thread, and none
+# in the verifier or a worker, which a signal stops outright).
+INTERRUPTION: ContextVar[Callable[[], None] | None] = ContextVar("interruption", default=None)
 
 
 class NotRegularFile(Error, OSError):
@@ -65,6 +71,13 @@ def kind(mode: int) -> str:
     return "non-regular file"
 
 
+def check_interruption() -> None:
+    """Raise what :data:`INTERRUPTION` raises, if the run is being interrupted."""
+    check = INTERRUPTION.get()
+    if check is not None:
+        check()
+
+
 def chunks(path: Path, *, bound: int | None = None) -> Iterator[bytes]:
     """The content of the regular file ``path``, in chunks of at most :data:`CHUNK_BYTES`.
 
@@ -89,7 +102,11 @@ def chunks(path: Path, *, bound: int | None = None) -> Iterator[bytes]:
         size = 0
         # One byte past the bound is enough to know it was passed.
         want = CHUNK_BYTES if bound is None else min(CHUNK_BYTES, bound + 1)
-        while chunk := os.read(fd, want):
+        while True:
+            check_interruption()
+            chunk = os.read(fd, want)
+            if not chunk:
+                break
             size += len(chunk)
             if bound is not None and size > bound:
                 raise OverBound(path, bound, grew=True)

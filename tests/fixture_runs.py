@@ -21,9 +21,14 @@ def run(
     world_sizes: tuple[int, ...] = (1, 2),
     rank_local: tuple[str, ...] = (),
     ignored_attrs: tuple[str, ...] = (),
+    fixture_args: dict[str, Any] | None = None,
 ) -> tuple[Reasons, dict[str, dict[str, Any]]]:
     the_plan = plan.fixture_plan(
-        spec, world_sizes, rank_local=rank_local, ignored_attrs=ignored_attrs
+        spec,
+        world_sizes,
+        fixture_args=fixture_args,
+        rank_local=rank_local,
+        ignored_attrs=ignored_attrs,
     )
     logs: list[str] = []
 

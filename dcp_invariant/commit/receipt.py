@@ -298,8 +298,7 @@ def _tree(directory: Path, *, nested: bool) -> tuple[list[str], list[str]]:
                         f"may nest at most {MAX_DEPTH} levels"
                     )
             elif not stat.S_ISREG(mode):
-                allowed = _REGULAR_OR_DIRECTORY if nested else _REGULAR_ONLY
-                raise SealError(f"{shown}: is a {regular_file.kind(mode)}; {allowed}")
+                raise unsealable(shown, regular_file.kind(mode), nested=nested)
             if shown != rel:
                 raise SealError(
                     f"{shown}: file name is not valid UTF-8; a checkpoint's names are text"
@@ -315,6 +314,13 @@ def _tree(directory: Path, *, nested: bool) -> tuple[list[str], list[str]]:
             else:
                 files.append(rel)
     return sorted(files), sorted(directories)
+
+
+def unsealable(shown: str, kind: str, *, nested: bool) -> SealError:
+    """The seal's refusal of an entry of ``kind`` (a symlink, FIFO, socket or device) at the
+    relative path ``shown``; ``nested``: the candidate may hold directories (an app's save)."""
+    allowed = _REGULAR_OR_DIRECTORY if nested else _REGULAR_ONLY
+    return SealError(f"{shown}: is a {kind}; {allowed}")
 
 
 def _subdirectory(directory: Path, rel: str) -> list[os.DirEntry[str]]:

@@ -46,6 +46,10 @@ NOT_RESTORED = "not restored by the app's save() and load()"
 # What an app's own save wrote that the commit protocol cannot seal: a subdirectory, a link,
 # nothing (dcp_invariant/commit/receipt.py).
 UNSEALABLE = "the app's save() cannot be sealed"
+# An entry of an app's own save that appeared, changed or went after its save() returned (a
+# thread still writing): sealed, it would hold whatever that thread had written by then
+# (dcp_invariant/commit/after_save.py).
+WRITTEN_AFTER_SAVE = "written after the app's save() returned"
 # An app's own load() that returned, on every rank, on a checkpoint cut short (half_written).
 LOADS_CUT_SHORT = "the app's load() takes a checkpoint cut short"
 # Loaded != saved right after the load, yet every resumed step matches: the load is applied
@@ -56,6 +60,16 @@ NONDETERMINISTIC = "non-deterministic fixture"
 # save: the checkpoint changed the training it checkpoints.
 SAVE_CHANGED_TRAINING = "the save changed training"
 NON_FINITE = "non-finite loss"
+# The user's own code raised and so ended a rank (any BaseException: SystemExit and torch's
+# CheckpointException too), by where it came from: the fixture function or the app's method.
+APP_RAISED: dict[plan.AppMethod, str] = {
+    m: "the fixture raised" if m == "fixture" else f"the app's {m}() raised"
+    for m in plan.APP_METHODS
+}
+# A rank that exited, with code 0 or not, without its report: the loop ended the process itself
+# (os._exit) or something killed it. One that reported and then failed: its log says why.
+NO_REPORT = "a rank exited without reporting"
+RANK_FAILED = "a rank failed after reporting"
 # A group killed at its deadline (families._groups.timed_out); check() reports a fixture whose
 # first step timed out under it too.
 TIMEOUT = "timeout"
@@ -383,10 +397,14 @@ CHANGED_DURING_SAVE = "changed during the save"
 # did not round-trip explains every later difference, so it comes first.
 RANKED_CAUSES = (
     DOES_NOT_LOAD_ON_OTHER,
+    *APP_RAISED.values(),
+    NO_REPORT,
+    RANK_FAILED,
     ROUND_TRIP,
     APP_ROUND_TRIP,
     CHANGED_ACROSS_RELEASES,
     UNSEALABLE,
+    WRITTEN_AFTER_SAVE,
     LOADS_CUT_SHORT,
     RESTORED_LATE,
     SAVE_CHANGED_TRAINING,

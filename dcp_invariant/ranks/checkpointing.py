@@ -12,24 +12,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from dcp_invariant import plan
-from dcp_invariant.errors import Error
-from dcp_invariant.suite.fixture import Anchored, broken_interface
+from dcp_invariant.commit import after_save
+from dcp_invariant.suite.fixture import Anchored, broken_interface, users_code
 
 # A checkpoint's loader: given the verified generation's directory, it fills the app.
 Loader = Callable[[str], None]
-
-
-class AppLoadFailed(Error, RuntimeError):
-    """The app's own ``load()`` raised: its framework refused the checkpoint (or broke)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.error = error
 
 
 def expect(app: Anchored, planned: plan.AppShape) -> None:
@@ -60,19 +53,13 @@ def expect(app: Anchored, planned: plan.AppShape) -> None:
 _WHO: dict[plan.Checkpointing, str] = {"dcp": "tool (through DCP)", "app": "app itself"}
 
 
-class AppSaveFailed(Error, RuntimeError):
-    """The future of an app's async save raised: its write failed."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.error = error
-
-
 def save(app: Anchored, checkpoint: str, writer: Any = None) -> None:
     """Write ``app``'s checkpoint into ``checkpoint`` (relative to the scenario's workspace),
     finished when this returns: an app's async save is waited for here."""
     if app.checkpointing == "app":
         finish(start(app, checkpoint))
+        # What the save wrote as it returned: the commit refuses what changes after this.
+        after_save.record(checkpoint, dist.get_rank() if dist.is_initialized() else 0)
         return
     dcp_save({"app": app}, storage_writer=writer or FileSystemWriter(checkpoint))
 
@@ -103,26 +90,18 @@ def start(app: Anchored, checkpoint: str) -> Any:
 
 
 def finish(pending: Any) -> None:
-    """Wait for what :func:`start` returned: :class:`AppSaveFailed` if the write failed."""
+    """Wait for what :func:`start` returned: :class:`AppRaised` for ``save`` if the write
+    failed (the framework's future raised), which the caller records or raises."""
     if pending is None:
         return
-    try:
+    with users_code("save"):
         pending.result()
-    except Exception as exc:  # the framework's write failed: the caller records or raises it
-        raise AppSaveFailed(exc) from exc
 
 
 def loader(app: Anchored, state: Any = None) -> Loader:
     """How ``app`` is filled from a generation: DCP into ``state`` (``{"app": app}`` unless a
-    view of it is given), or the app's own ``load``, whose exception is :class:`AppLoadFailed`."""
+    view of it is given), or the app's own ``load``, whose exception is :class:`AppRaised`."""
     if app.checkpointing == "dcp":
         target = {"app": app if state is None else state}
         return lambda path: dcp_load(target, checkpoint_id=path)
-
-    def own(path: str) -> None:
-        try:
-            app.load(path)
-        except Exception as exc:  # the framework's refusal: the caller records or raises it
-            raise AppLoadFailed(exc) from exc
-
-    return own
+    return app.load

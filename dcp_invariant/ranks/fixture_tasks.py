@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -31,7 +32,8 @@ from torch.distributed.checkpoint.state_dict_saver import (
 )
 from torch.distributed.distributed_c10d import _set_pg_timeout
 
-from dcp_invariant.errors import FixtureError
+from dcp_invariant.commit import after_save
+from dcp_invariant.errors import AppRaised, FixtureError
 from dcp_invariant.plan import AppShape
 from dcp_invariant.ranks import app_objects, checkpointing, digest, state_keys
 from dcp_invariant.ranks.tasks import load_through_pointer
@@ -365,7 +367,9 @@ def _save_while_stepping(
     error = None
     try:
         upload.result(timeout=timeout)
-    except Exception as exc:  # recorded: a background save's failure must never be lost
+    # Recorded: a background save's failure must never be lost. DCP's own failure is a
+    # CheckpointException, which derives from BaseException (torch/distributed/checkpoint/api.py).
+    except (Exception, CheckpointException) as exc:
         error = f"{type(exc).__name__}: {exc}"
     record["steps"].append({"keys": keys, "loss": loss})
     if staging is not None:
@@ -419,10 +423,13 @@ def _own_save_while_stepping(
     error = None
     try:
         checkpointing.finish(pending)
-    except checkpointing.AppSaveFailed as exc:
+    except AppRaised as exc:
         # One line for the log: the type is the evidence (the message may hold paths).
         print(f"the app's async save failed: {exc}", flush=True)
         error = type(exc.error).__name__
+    else:
+        # What the save wrote as its future completed: the commit refuses what changes after.
+        after_save.record(payload["checkpoint"], rank)
     record["steps"].append({"keys": keys, "loss": loss})
     return {"pending_during_step": None, "staged_first": False, "upload_error": error}
 
@@ -479,7 +486,9 @@ def fixture_load_cut(rank: int, world_size: int, payload: FixtureLoadCut, report
     record: dict[str, Any] = {"rank": rank, "loaded": False, "exception": None}
     try:
         checkpointing.loader(app)(payload["directory"])
-    except checkpointing.AppLoadFailed as exc:  # the refusal this scenario hopes for
+    except AppRaised as exc:  # the refusal this scenario hopes for, whatever its type
+        if exc.method != "load":
+            raise  # the fixture, or a state_dict() its load() called: not a refusal
         # One line for the log: the type is the evidence (the message may hold paths).
         print(f"load() refused the checkpoint cut short: {exc}", flush=True)
         record["exception"] = type(exc.error).__name__

@@ -26,7 +26,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from dcp_invariant import plan
 from dcp_invariant.commit import ReceiptMismatch
 from dcp_invariant.commit.store import CheckpointStore
-from dcp_invariant.errors import FixtureError
+from dcp_invariant.errors import AppRaised, FixtureError
 from dcp_invariant.ranks import checkpointing
 from dcp_invariant.ranks.digest import component_digests, value_digest
 from dcp_invariant.suite.fixture import Anchored, build_app, load_fixture
@@ -180,7 +180,9 @@ def load_through_pointer(
             load(str(generation.path))
         except CheckpointException as exc:
             record["load_error"] = load_failure(exc, rank)
-        except checkpointing.AppLoadFailed as exc:
+        except AppRaised as exc:
+            if exc.method != "load":
+                raise  # load_state_dict() inside DCP's load: the rank reports what raised
             traceback.print_exception(exc.error, file=sys.stderr)  # the user's frames, for the log
             # Only the type: the message may hold paths (the generation's, for one).
             record["load_error"] = {

@@ -14,15 +14,26 @@ import importlib
 import inspect
 import math
 import os
+import signal
 import sys
 import sysconfig
+import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
-from dcp_invariant.errors import FixtureError
-from dcp_invariant.plan import DCP_SHAPE, DECLARATIONS, AppShape, Checkpointing, own_shape
+from dcp_invariant.errors import AppRaised, FixtureError
+from dcp_invariant.plan import (
+    DCP_SHAPE,
+    DECLARATIONS,
+    AppMethod,
+    AppShape,
+    Checkpointing,
+    own_shape,
+)
 
 
 @runtime_checkable
@@ -74,9 +85,12 @@ def load_fixture(spec: str, arguments: Mapping[str, Any] | None = None) -> Fixtu
             f"{type(exc).__name__}: {exc.msg}; fix the module so that 'import {module_name}' "
             "succeeds"
         ) from None
-    except Exception as exc:
-        # Whatever the module's own code raises while it is imported: the interface check cannot
-        # even start, so this is bad input, shown as one line at the frame that raised.
+    except BaseException as exc:
+        # Whatever the module's own code raises while it is imported (a SystemExit too): the
+        # interface check cannot even start, so this is bad input, shown as one line at the
+        # frame that raised. A real Ctrl-C stops the run instead.
+        if is_an_interrupt(exc):
+            raise
         raise FixtureError(_import_failure(spec, module_name, exc)) from None
     target: Any = module
     for part in attr.split("."):
@@ -232,36 +246,81 @@ class Anchored:
 
     def save(self, checkpoint_dir: str) -> Any:
         """The app's save; what it returned (a future, for an app that saves asynchronously)."""
-        try:
+        with self._calling("save"):
             return self.app.save(checkpoint_dir)
-        finally:
-            os.chdir(self._home)
 
     def load(self, checkpoint_dir: str) -> None:
-        try:
+        with self._calling("load"):
             self.app.load(checkpoint_dir)
-        finally:
-            os.chdir(self._home)
 
     def state_dict(self) -> dict[str, Any]:
-        try:
+        with self._calling("state_dict"):
             state: dict[str, Any] = self.app.state_dict()
             return state
-        finally:
-            os.chdir(self._home)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        try:
+        with self._calling("load_state_dict"):
             self.app.load_state_dict(state_dict)
+
+    def step(self) -> float:
+        with self._calling("step"):
+            loss: float = self.app.step()
+            return loss
+
+    @contextmanager
+    def _calling(self, method: AppMethod) -> Iterator[None]:
+        try:
+            with users_code(method):
+                yield
         finally:
             os.chdir(self._home)
 
-    def step(self) -> float:
-        try:
-            loss: float = self.app.step()
-            return loss
-        finally:
-            os.chdir(self._home)
+
+@contextmanager
+def users_code(method: AppMethod) -> Iterator[None]:
+    """A call into the user's code: what it raises is :class:`AppRaised`, naming ``method``.
+
+    Any ``BaseException`` counts: torch's ``CheckpointException`` derives from it
+    (torch/distributed/checkpoint/api.py), and so do the ``SystemExit``, ``KeyboardInterrupt``
+    and ``GeneratorExit`` a loop may raise; left alone, each ended the rank unreported. Only a
+    real SIGINT (:func:`take_interrupts`) and the tool's own refusals pass through.
+    """
+    try:
+        yield
+    except (AppRaised, FixtureError):
+        raise  # raised by the tool around a nested call (a Stateful's load inside DCP's load)
+    except BaseException as exc:
+        if is_an_interrupt(exc):
+            raise
+        raise AppRaised(method, exc) from exc
+
+
+# Set once this process has received SIGINT: a KeyboardInterrupt is then the signal's, which
+# must stop the rank, and not one the user's code raised. ``_told`` says whether this process
+# can tell the two apart at all (:func:`take_interrupts` ran).
+_signalled = threading.Event()
+_told = threading.Event()
+
+
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    _signalled.set()
+    signal.default_int_handler(signum, frame)
+
+
+def take_interrupts() -> None:
+    """Tell a real SIGINT from a ``KeyboardInterrupt`` the user's code raises; from a rank's main
+    thread, before the fixture is imported."""
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_interrupt)
+    if handler in (signal.default_int_handler, signal.SIG_IGN):  # ignored: none is a signal's
+        _told.set()
+
+
+def is_an_interrupt(exc: BaseException) -> bool:
+    """``exc`` is a Ctrl-C's, to be let through: a KeyboardInterrupt in a process that received
+    SIGINT, or in one that cannot tell (the runner's own)."""
+    return isinstance(exc, KeyboardInterrupt) and (_signalled.is_set() or not _told.is_set())
 
 
 def _has(app: Any, method: str) -> bool:
@@ -283,8 +342,10 @@ def build_app(
     spec: str, rank: int, world_size: int, arguments: Mapping[str, Any] | None = None
 ) -> Anchored:
     home = os.getcwd()
+    fixture = load_fixture(spec, arguments)
     try:
-        app = load_fixture(spec, arguments)(rank, world_size, **(arguments or {}))
+        with users_code("fixture"):
+            app = fixture(rank, world_size, **(arguments or {}))
     finally:
         os.chdir(home)
     check_shape(spec, app)

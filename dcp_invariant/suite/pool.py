@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dcp_invariant import canonical
 from dcp_invariant.errors import Error, StartMethodError
-from dcp_invariant.evidence.families.records import GroupRecord
+from dcp_invariant.evidence.families.records import GroupRecord, RaisedRecord
 from dcp_invariant.suite import fixture_imports, reaper, worker
 
 if TYPE_CHECKING:  # scenarios/ imports this module: the import is for mypy alone
@@ -71,13 +71,27 @@ class GroupOutcome:
     logs: list[Path]
     # Programs the group's processes left running, killed when it ended (:func:`reap_group`).
     stragglers: list[str] = field(default_factory=list)
+    # What the user's code raised on the ranks it ended (worker.raised_record).
+    raised: list[RaisedRecord] = field(default_factory=list)
+    # The ranks whose process ended before their task returned (worker.unfinished).
+    unfinished: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.timed_out and all(code == 0 for code in self.exit_codes)
 
     def record(self) -> GroupRecord:
-        return {"exit_codes": self.exit_codes, "timed_out": self.timed_out, "ranks": self.results}
+        record: GroupRecord = {
+            "exit_codes": self.exit_codes,
+            "timed_out": self.timed_out,
+            "ranks": self.results,
+        }
+        # Omitted when empty: the records of passing runs are unchanged.
+        if self.raised:
+            record["raised"] = self.raised
+        if self.unfinished:
+            record["unfinished"] = self.unfinished
+        return record
 
     def log_tail(self, lines: int = 20) -> str:
         out = []
@@ -106,7 +120,8 @@ def available_start_methods() -> tuple[str, ...]:
 
 
 def start_method() -> str:
-    """The fork server on Linux, spawned standbys elsewhere; ``DCP_INVARIANT_START_METHOD`` forces one."""
+    """The fork server on Linux, spawned standbys elsewhere or where this process already runs a
+    fork server (:func:`server_of_others`); ``DCP_INVARIANT_START_METHOD`` forces one."""
     forced = os.environ.get(START_METHOD_ENV, "")
     if forced:
         if forced not in START_METHODS:
@@ -116,7 +131,21 @@ def start_method() -> str:
         if forced not in available_start_methods():
             raise StartMethodError(f"{START_METHOD_ENV}={forced!r}: this platform has no {forced}")
         return forced
-    return "forkserver" if sys.platform == "linux" else "spawn"
+    return "forkserver" if sys.platform == "linux" and not server_of_others() else "spawn"
+
+
+def server_of_others() -> bool:
+    """Whether this process already has a multiprocessing fork server, which a run did not
+    start (a run stops its own as it ends): the caller's, Python 3.14's default start method.
+
+    It is the process's one server (``_forkserver`` in multiprocessing/forkserver.py), which
+    ``ensure_running()`` would hand this run as it is: without the run's environment, token
+    and preloaded torch, and then stopped under its owner. The spawn path is used instead.
+    """
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    return server._forkserver_pid is not None
 
 
 @dataclass
@@ -195,19 +224,59 @@ _hiding = 0  # runs under caller_main_hidden now
 _hidden_main: types.ModuleType | None = None
 
 
+@contextlib.contextmanager
+def one_run_at_a_time() -> Iterator[None]:
+    """A run holds this for its whole length; a run started meanwhile in another thread of
+    this process waits for it to end, then runs (both get their own verdict).
+
+    What a run starts is process-wide: multiprocessing has one fork server and one resource
+    tracker per process (``_forkserver`` in multiprocessing/forkserver.py, ``_resource_tracker``
+    in multiprocessing/resource_tracker.py), started with the environment of the run that
+    started them, its token included (:class:`reaper.Guardian` sets it in ``os.environ``), and
+    every worker forked carries that environment. Two runs at once shared one server: the first
+    to end swept or stopped it under the other, whose ranks then exited with 255 or whose next
+    launch raised EOFError. And ``Process.start()`` reads the exit code of every live child of
+    the interpreter (``multiprocessing.process._cleanup``), which one pool's lock cannot guard
+    from another's (:func:`_wait`). Reentrant: ``check()`` holds it around its guardian and
+    the suite takes it again inside.
+    """
+    with _run_gate:
+        yield
+
+
+_run_gate = threading.RLock()
+
+
+def _new_gate() -> None:
+    global _run_gate
+    _run_gate = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    # A process forked while another thread ran a check inherits the gate held by a thread it
+    # does not have: its own check would wait for ever.
+    os.register_at_fork(after_in_child=_new_gate)
+
+
 class _ForkServer:
     """Linux: each worker forked by multiprocessing's fork server, which preloaded torch."""
 
     def __init__(self, ctx: Any, fixture: str | None, timeout: float) -> None:
         self._ctx = ctx
-        # It imports PRELOAD and the fixture's libraries itself (.fork_server).
-        ctx.set_forkserver_preload(["dcp_invariant.suite.fork_server"])
         self._fixture = fixture
         self._timeout = timeout
+        self._started = False  # whether this run started the process's fork server
 
     def start(self, workdir: Path) -> None:
         from multiprocessing import forkserver
 
+        server: Any = forkserver._forkserver  # its private members are read: typeshed has none
+        if server_of_others():
+            # start_method() chose spawn for a server someone else started; forced, it is this.
+            raise StartMethodError(
+                f"{START_METHOD_ENV}=forkserver: this process already runs a multiprocessing "
+                "fork server that dcp-invariant did not start: unset it (spawn is used then)"
+            )
         isolated = worker.isolated_environment(workdir)
         isolated[worker.PARENT_PID_ENV] = str(os.getpid())  # read and dropped by .fork_server
         if self._fixture is not None:
@@ -218,10 +287,18 @@ class _ForkServer:
                 isolated[fixture_imports.LIBRARIES_ENV] = given.encode()  # and this
         saved = {key: os.environ.get(key) for key in isolated}
         os.environ.update(isolated)
+        # The preload list is the process's too, read only when a server starts: it is this
+        # run's for that moment, and the caller's again for any server the caller starts later.
+        preload = server._preload_modules
         try:
+            # It imports PRELOAD and the fixture's libraries itself (.fork_server).
+            self._ctx.set_forkserver_preload(["dcp_invariant.suite.fork_server"])
             with worker.interrupts_held():
                 forkserver.ensure_running()
         finally:
+            # No server ran before (server_of_others): one running now is this run's.
+            self._started = server._forkserver_pid is not None
+            self._ctx.set_forkserver_preload(preload)
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -252,15 +329,15 @@ class _ForkServer:
         pass  # the server forks on demand: nothing idles
 
     def close(self) -> None:
-        # The fork server and its resource tracker live until interpreter exit; stop them now so
-        # an in-process caller (a test) is left with no stray process. Both _stop() methods are
-        # what CPython's own tests use; without them the processes still end with this one.
-        from multiprocessing import forkserver, resource_tracker
+        # The server this run started carries its token, so the run's sweep has killed it: stop
+        # it (reap it, forget its socket) so that the next run starts its own, and an in-process
+        # caller (a test) is left with no zombie. _stop() is what CPython's own tests use.
+        if self._started:
+            from multiprocessing import forkserver
 
-        for server in (forkserver._forkserver, resource_tracker._resource_tracker):
-            stop = getattr(server, "_stop", None)
-            if stop is not None:
-                stop()
+            self._started = False
+            server: Any = forkserver._forkserver
+            server._stop()
 
 
 class _Standbys:
@@ -527,6 +604,8 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._live: set[Any] = set()  # started worker processes and the torchrun agent
         self.method = method or start_method()
+        # The resource tracker's PID before this pool started anything (:func:`_end_tracker`).
+        self._tracker_before: int | None = _tracker()._pid
         ctx = multiprocessing.get_context(self.method)
         self._launcher: _Launcher = (
             _Interpreters(python, search_path or [])
@@ -598,6 +677,12 @@ class WorkerPool:
             results=results,
             logs=[workdir / worker.log_path(group, r) for r in range(world_size)],
             stragglers=stragglers,
+            raised=worker.raised(workdir, group, world_size),
+            # Only those that exited 0: a non-zero code says already that the task failed, and
+            # the registered suite's evidence of a rank killed on purpose stays as it was.
+            unfinished=[]
+            if timed_out
+            else [r for r in worker.unfinished(workdir, group, world_size) if exit_codes[r] == 0],
         )
 
     def imported_versions(self) -> dict[str, str | None] | None:
@@ -650,6 +735,33 @@ class WorkerPool:
     def close(self) -> None:
         with self._lock:
             self._launcher.close()
+            _end_tracker(self._tracker_before)
+
+
+def _tracker() -> Any:
+    """This process's one resource tracker (``_resource_tracker`` in
+    multiprocessing/resource_tracker.py), which starting a worker starts if none runs."""
+    from multiprocessing import resource_tracker
+
+    return resource_tracker._resource_tracker
+
+
+def _end_tracker(before: int | None) -> None:
+    """Reap the resource tracker this pool started, once the run's sweep killed it.
+
+    Started with the run's token in its environment, it is killed with the run's processes;
+    left so (the spawn path did), the next run's first process found it dead, relaunched one
+    and warned "resource_tracker: process died unexpectedly". ``_pid`` is set only where this process
+    started a tracker: it is None for the one a spawned or forked child shares with its parent
+    (``spawn_main`` in multiprocessing/spawn.py, ``_serve_one`` in
+    multiprocessing/forkserver.py), whose ``_stop()`` raised TypeError waiting for no PID, and
+    closed the child's only way to it. One this run started that still runs (no sweep where
+    there is no /proc, or no guardian's token in it) is stopped too: closing its pipe ends it
+    (``_stop``), and a later user of multiprocessing in this process starts another.
+    """
+    tracker = _tracker()
+    if tracker._pid not in (None, before):
+        tracker._stop()
 
 
 def reap_group(workdir: Path, group: str, sessions: set[int]) -> list[str]:

@@ -174,12 +174,27 @@ def _package_copy(cache: Path) -> Path:
 
 
 def _read_marker(env_dir: Path) -> dict[str, object] | None:
+    """The marker of a complete environment; None where it must be made (again)."""
     try:
         made = json.loads((env_dir / other_release.MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # absent, or cut short: the environment is made again
     python = Path(other_release.env_python(env_dir, sys.platform))
-    return made if isinstance(made, dict) and python.exists() else None
+    if not isinstance(made, dict) or not python.exists():
+        return None
+    # A marker that names another torch than the environment holds (one installed into it
+    # since, or a marker copied from elsewhere) is stale: its ranks would import the other one,
+    # every run, and the runner would blame the import path. It is made again, like a build
+    # that was cut short. Read from the installed metadata, not by importing torch: free.
+    return made if installed_torch(env_dir) == [made.get("distribution")] else None
+
+
+def installed_torch(env_dir: Path) -> list[str]:
+    """The torch distributions a virtual environment's site-packages hold (one, where it is
+    whole): what ``importlib.metadata.version("torch")`` reports there."""
+    site = [*env_dir.glob("lib/python*/site-packages"), env_dir / "Lib" / "site-packages"]
+    found = importlib.metadata.distributions(name="torch", path=[str(p) for p in site])
+    return sorted(d.version for d in found)
 
 
 def _make(recipe: other_release.Recipe, env_dir: Path, timeout: float) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcp_invariant import other_release, plan, runtimes
+from dcp_invariant import other_release, plan, regular_file, runtimes
 from dcp_invariant.errors import (
     BadInput,
     EnvironmentProblem,
@@ -33,7 +33,13 @@ from dcp_invariant.errors import (
 from dcp_invariant.evidence import rules
 from dcp_invariant.suite import reaper, release_env
 from dcp_invariant.suite.console import Log
-from dcp_invariant.suite.pool import Cancelled, StandbyFailed, WorkerPool, caller_main_hidden
+from dcp_invariant.suite.pool import (
+    Cancelled,
+    StandbyFailed,
+    WorkerPool,
+    caller_main_hidden,
+    one_run_at_a_time,
+)
 from dcp_invariant.suite.scenarios import DRIVERS, payloads
 from dcp_invariant.suite.scenarios.common import SNAPSHOTS, STORE_ROOT, ScenarioContext
 from dcp_invariant.suite.scenarios.host import PoolHost, ReleaseHost
@@ -134,7 +140,7 @@ def run_suite(
     observations: dict[str, dict[str, Any]] = {}
     space = Workspace()
     guarding = reaper.Guardian() if guardian is None else contextlib.nullcontext(guardian)
-    with caller_main_hidden(), guarding as guardian, space as workspace:
+    with one_run_at_a_time(), caller_main_hidden(), guarding as guardian, space as workspace:
         guardian.remove_if_killed(workspace)
         pool = WorkerPool(timeout, fixture=fixture)
         other_pools: dict[str, WorkerPool] = {}
@@ -197,8 +203,15 @@ def run_suite(
 
             begun: list[str] = []
 
+            def refuse_if_cancelled() -> None:
+                if pool.cancelled:
+                    raise Cancelled("the run is being interrupted")
+
             def one(name: str) -> None:
                 started = time.monotonic()
+                # A copy or a hash of a file gigabytes long stops within the 2 s an interrupt
+                # has (regular_file.check_interruption), not when it is done.
+                regular_file.INTERRUPTION.set(refuse_if_cancelled)
                 with lock:
                     begun.append(name)
                     if len(begun) == len(order):

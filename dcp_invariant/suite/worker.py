@@ -23,11 +23,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from dcp_invariant import canonical
 from dcp_invariant.commit import durable
-from dcp_invariant.suite import reaper
+from dcp_invariant.errors import AppRaised
+from dcp_invariant.evidence.families.records import RaisedRecord
+from dcp_invariant.plan import AppMethod
+from dcp_invariant.suite import fixture, reaper
 
 Reporter = Callable[[dict[str, Any]], None]
 Task = Callable[[int, int, dict[str, Any], Reporter], None]
@@ -50,6 +53,46 @@ def stragglers(workdir: Path, group: str, world_size: int) -> list[str]:
         if path.exists():
             names += path.read_text(errors="replace").split()
     return names
+
+
+def raised_path(group: str, rank: int) -> str:
+    """What the user's code raised on a rank, which ended it (:func:`raised`)."""
+    return f"results/{group}-rank{rank}.raised"
+
+
+def raised(workdir: Path, group: str, world_size: int) -> list[RaisedRecord]:
+    """Each rank's record of what the user's code raised and where, for the ranks it ended."""
+    records: list[RaisedRecord] = []
+    for rank in range(world_size):
+        path = workdir / raised_path(group, rank)
+        if path.exists():
+            record: RaisedRecord = canonical.loads(path.read_bytes(), what=path.name)
+            records.append(record)
+    return records
+
+
+def raised_record(rank: int, exc: AppRaised) -> RaisedRecord:
+    """Where the user's code raised and the type it raised; never the message, which may hold
+    paths."""
+    # AppRaised is made by fixture.users_code alone, whose method is a plan.AppMethod.
+    method = cast(AppMethod, exc.method)
+    return {"exception": type(exc.error).__name__, "method": method, "rank": rank}
+
+
+def finished_path(group: str, rank: int) -> str:
+    """Written once a rank's task has returned: a process that ended without it (os._exit in
+    the loop, a kill) did not finish, whatever its exit code."""
+    return f"results/{group}-rank{rank}.finished"
+
+
+def unfinished(workdir: Path, group: str, world_size: int) -> list[int]:
+    """The ranks whose task neither returned nor ended in the user's exception (:func:`raised`)."""
+    return [
+        rank
+        for rank in range(world_size)
+        if not (workdir / finished_path(group, rank)).exists()
+        and not (workdir / raised_path(group, rank)).exists()
+    ]
 
 
 def log_path(group: str, rank: int) -> str:
@@ -190,8 +233,16 @@ def run(
         timeout=timedelta(seconds=timeout),
         pg_options=loopback_gloo_options(),
     )
+    fixture.take_interrupts()
     try:
         fn(rank, world_size, payload, report)
+        (workdir / finished_path(group, rank)).touch()
+    except AppRaised as exc:
+        _print_traceback(exc.error)
+        durable.replace_file(
+            workdir / raised_path(group, rank), canonical.dumps(raised_record(rank, exc))
+        )
+        sys.exit(1)
     except Exception as exc:
         # The user wants their fixture's frames, not this tool's: print those, exit 1.
         _print_traceback(exc)
@@ -403,8 +454,16 @@ def interrupts_held() -> Iterator[None]:
     if sys.platform == "win32":  # no pthread_sigmask
         yield
         return
+    from multiprocessing import resource_tracker
+
     saved = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
+        # Starting multiprocessing's resource tracker unblocks SIGINT on the way out, whatever
+        # the mask was (``ensure_running`` in multiprocessing/resource_tracker.py), and the fork
+        # server's start and each spawn start it first: it is started here, then SIGINT is
+        # blocked again, so the process that follows starts with it blocked.
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, saved)

@@ -208,7 +208,11 @@ TRAINING = [
     Mutation(
         "target timed out", setter("target", "timed_out", value=True), "timeout: target: timed out"
     ),
-    Mutation("target rank missing", _drop_last_target_rank, "target: reports from ranks"),
+    Mutation(
+        "target rank missing",
+        _drop_last_target_rank,
+        "a rank exited without reporting: target rank ",
+    ),
     Mutation("target did not run", setter("target", value=None), "target: did not run"),
 ]
 

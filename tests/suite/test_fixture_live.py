@@ -689,7 +689,10 @@ def test_a_fixture_that_raises_fails_showing_its_own_frames(tmp_path: Path) -> N
     assert proc.returncode == 1, proc.stdout + proc.stderr
     # The reasons on stdout; the logs on stderr, the fixture's traceback first, and shown once
     # however many scenarios fail on it.
-    assert "uninterrupted run (reference) rank 0: exited with code 1" in proc.stdout
+    assert (
+        "the app's step() raised: uninterrupted run (reference) rank 0: ValueError; its "
+        "traceback is in the worker's log"
+    ) in proc.stdout
     assert "Traceback" not in proc.stdout
     logs = proc.stderr.splitlines()
     assert logs[0].strip().startswith("traceback, the fixture's frames"), proc.stderr

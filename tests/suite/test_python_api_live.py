@@ -26,21 +26,18 @@ PYTEST_TIMEOUT = 1200
 
 def test_check_of_a_buggy_loop_ranks_the_cause_and_keeps_the_evidence(tmp_path: Path) -> None:
     report = dcp_invariant.check(
-        "fixture_loops:rng_outside_state", world_sizes=[1], source_revision=REVISION
+        "fixture_loops:rng_outside_state",
+        world_sizes=[1],
+        source_revision=REVISION,
+        output_dir=tmp_path / "evidence",
     )
-    try:
-        assert not report.passed
-        assert report.diagnoses[0].cause == diagnosis.OUTSIDE_STATE_DICT
-        assert "resume_1" in report.diagnoses[0].scenarios
-        assert str(report).startswith("dcp-invariant: fail: ")
-        assert report.artifact is not None and verify_artifact(report.artifact).valid
-        # No output_dir: a fresh temporary directory, which the report names.
-        assert report.artifact.parent.name.startswith("dcp-invariant-")
-    finally:
-        if report.artifact is not None:
-            import shutil
-
-            shutil.rmtree(report.artifact.parent)
+    assert not report.passed
+    assert report.diagnoses[0].cause == diagnosis.OUTSIDE_STATE_DICT
+    assert "resume_1" in report.diagnoses[0].scenarios
+    assert str(report).startswith("dcp-invariant: fail: ")
+    # The output_dir given is kept and named (without one, see test_check_anywhere_live.py).
+    assert report.artifact == tmp_path / "evidence" and verify_artifact(report.artifact).valid
+    assert str(report).splitlines()[0].endswith(f"; evidence in {report.artifact}")
 
 
 # One world size: the bug shows at the first resume, and a second size would only add the

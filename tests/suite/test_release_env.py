@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the stand-in uv
 
 RECIPE = other_release.Recipe("2.15.0", "cpu-index", "3.11", "2.4.6", "linux", "x86_64")
 # The stand-in: logs each call, makes a venv whose python reports $FAKE_PAIR, fails with
-# $FAKE_FAIL on `pip install`, with $FAKE_VENV_FAIL on `venv`.
+# $FAKE_FAIL on `pip install`, with $FAKE_VENV_FAIL on `venv`; `pip install` leaves torch's
+# metadata at version $FAKE_DIST.
 FAKE_UV = r"""#!/bin/sh
 echo "$*" >> "$FAKE_LOG"
 if [ "$1" = venv ] && [ -n "$FAKE_VENV_FAIL" ]; then printf '%b' "$FAKE_VENV_FAIL" >&2; exit 2; fi
@@ -36,6 +37,11 @@ if [ "$1" = venv ]; then
   exit 0
 fi
 if [ -n "$FAKE_FAIL" ]; then printf '%b' "$FAKE_FAIL" >&2; exit 2; fi
+python=""; previous=""
+for arg; do [ "$previous" = --python ] && python="$arg"; previous="$arg"; done
+info="$(dirname "$(dirname "$python")")/lib/python3.11/site-packages/torch-$FAKE_DIST.dist-info"
+mkdir -p "$info"
+printf 'Metadata-Version: 2.1\nName: torch\nVersion: %s\n' "$FAKE_DIST" > "$info/METADATA"
 exit 0
 """
 PAIR = {"distribution": "2.15.0", "torch": "2.15.0+cu132", "numpy": "2.4.6"}
@@ -51,6 +57,7 @@ def fake_uv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("UV", str(uv))
     monkeypatch.setenv("FAKE_LOG", str(log))
     monkeypatch.setenv("FAKE_PAIR", json.dumps(PAIR))
+    monkeypatch.setenv("FAKE_DIST", PAIR["distribution"])
     monkeypatch.delenv("FAKE_FAIL", raising=False)
     monkeypatch.delenv("FAKE_VENV_FAIL", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
@@ -107,6 +114,20 @@ def test_an_environment_found_broken_is_made_again_on_the_next_run(
     release_env.ensure(RECIPE, cache).forget()  # as the runner does when its ranks cannot start
     release_env.ensure(RECIPE, cache)
     assert len(calls(fake_uv)) == 4
+
+
+def test_a_marker_that_names_another_torch_than_the_environment_holds_is_made_again(
+    fake_uv: Path, tmp_path: Path
+) -> None:
+    """torch reinstalled into the environment after it was made: its marker is stale."""
+    cache = tmp_path / "cache"
+    env_dir = release_env.ensure(RECIPE, cache).directory
+    (info,) = env_dir.glob("lib/python3.11/site-packages/torch-*.dist-info")
+    (info / "METADATA").write_text("Name: torch\nVersion: 2.14.1\n", encoding="utf-8")
+    assert release_env.installed_torch(env_dir) == ["2.14.1"]
+    made = release_env.ensure(RECIPE, cache)
+    assert len(calls(fake_uv)) == 4  # made again, not reused
+    assert release_env.installed_torch(env_dir) == ["2.15.0"] and made.distribution == "2.15.0"
 
 
 def test_a_build_that_was_killed_is_made_again(fake_uv: Path, tmp_path: Path) -> None:

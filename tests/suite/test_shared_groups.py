@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dcp_invariant import regular_file
 from dcp_invariant.suite.pool import Cancelled, GroupOutcome
-from dcp_invariant.suite.scenarios import shared_groups
+from dcp_invariant.suite.scenarios import save_copy, shared_groups
 from dcp_invariant.suite.scenarios.payloads import Call
 from dcp_invariant.suite.scenarios.shared_groups import SharedGroups
 
@@ -138,7 +138,7 @@ def test_a_full_disk_while_copying_keeps_its_errno(
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shutil, "copy2", full)
+    monkeypatch.setattr(save_copy, "copy_file", full)
     with pytest.raises(OSError) as raised:
         shared.run(pool, Call("tasks:train", {}), 2, b, "source")  # type: ignore[arg-type]
     assert raised.value.errno == errno.ENOSPC
@@ -159,3 +159,54 @@ def test_links_in_a_shared_store_are_copied_as_links(tmp_path: Path) -> None:
     assert (target / "generations" / "g1" / "f").read_bytes() == b"x"
     assert os.readlink(target / "file-link") == "generations/g1/f"
     assert os.readlink(target / "dir-link") == "generations"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_a_fifo_is_left_out_unread_and_named(tmp_path: Path) -> None:
+    """Opening a FIFO for reading would block until a writer came; it is left out, named by its
+    path relative to the copied root, and what else the tree holds is copied."""
+    source = tmp_path / "source"
+    (source / "candidates" / "step-3").mkdir(parents=True)
+    (source / "candidates" / "step-3" / "rank0.pt").write_bytes(b"x")
+    os.mkfifo(source / "candidates" / "step-3" / "pipe")
+    target = tmp_path / "target"
+    refused = shared_groups._copy_tree(source, target)
+    assert refused == [save_copy.Refused("candidates/step-3/pipe", "FIFO")]
+    assert sorted(p.name for p in (target / "candidates" / "step-3").iterdir()) == ["rank0.pt"]
+
+
+@pytest.mark.skipif(not hasattr(os, "SEEK_DATA"), reason="no SEEK_DATA")
+def test_a_sparse_file_is_copied_with_its_holes_and_its_times(tmp_path: Path) -> None:
+    source = tmp_path / "sparse"
+    with open(source, "wb") as f:
+        f.seek(256 << 20)
+        f.write(b"data")
+        f.truncate(512 << 20)
+    os.utime(source, ns=(1, 123456789))
+    save_copy.copy_file(source, tmp_path / "copy")
+    st = (tmp_path / "copy").stat()
+    assert st.st_size == 512 << 20 and st.st_mtime_ns == 123456789
+    if source.stat().st_blocks * 512 < 1 << 20:  # the file system keeps holes at all
+        assert st.st_blocks * 512 < 1 << 20
+    with open(tmp_path / "copy", "rb") as f:
+        f.seek(256 << 20)
+        assert f.read(8) == b"data" + bytes(4)
+
+
+def test_an_interruption_stops_a_copy_between_chunks(tmp_path: Path) -> None:
+    source = tmp_path / "dense"
+    source.write_bytes(b"x" * (4 * regular_file.CHUNK_BYTES))
+    chunks: list[int] = []
+
+    def interrupt() -> None:
+        chunks.append(1)
+        if len(chunks) > 2:
+            raise Cancelled("the run is being interrupted")
+
+    token = regular_file.INTERRUPTION.set(interrupt)
+    try:
+        with pytest.raises(Cancelled):
+            save_copy.copy_file(source, tmp_path / "copy")
+    finally:
+        regular_file.INTERRUPTION.reset(token)
+    assert (tmp_path / "copy").stat().st_size < source.stat().st_size

@@ -30,17 +30,25 @@ def task(call: payloads.Call, rank: int, world_size: int) -> torchrun.TaskResult
     if call.task == payloads.FIXTURE_TRAIN.ref:
         steps = [{"keys": {"app.w": "11"}, "loss": "0x1.0p-1"}]
         record = {"rank": rank, "losses_before": ["0x1.0p+0"], "saved": {"app.w": "10"}}
-        return {"exit_code": 0, "record": {**record, "steps": steps}}
+        return {"exit_code": 0, "record": {**record, "steps": steps}, "raised": None}
     if call.task == payloads.FIXTURE_NEVER_SAVES.ref:
         losses = {"losses_before": ["0x1.0p+0"], "losses_after": ["0x1.0p-1"]}
-        return {"exit_code": 0, "record": {"rank": rank, **losses}}
+        return {"exit_code": 0, "record": {"rank": rank, **losses}, "raised": None}
     assert call.task == payloads.FIXTURE_RESUME.ref, call.task
     record = {"rank": rank, "generation": RECEIPT, "loaded": {"app.w": "10"}, "diffs": []}
-    return {"exit_code": 0, "record": {**record, "steps": [], "payload": dict(call.payload)}}
+    return {
+        "exit_code": 0,
+        "record": {**record, "steps": [], "payload": dict(call.payload)},
+        "raised": None,
+    }
 
 
 def commit(
-    store: CheckpointStore, label: str, intern: Interner, damage: Any = None
+    store: CheckpointStore,
+    label: str,
+    intern: Interner,
+    damage: Any = None,
+    refused: tuple[str, str] | None = None,
 ) -> CommitRecord:
     return {
         "label": label,

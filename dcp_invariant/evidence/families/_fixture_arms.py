@@ -23,6 +23,7 @@ from dcp_invariant.evidence.checks import (
 )
 from dcp_invariant.evidence.families._groups import (
     NON_FINITE,
+    ended_early,
     first_non_finite_loss,
     group_finished,
     stopped_at_non_finite_loss,
@@ -170,6 +171,8 @@ def fixture_arm(
         if found is not None:
             diverged.append(diagnosis.non_finite_loss(f"{where} rank {rank['rank']}", *found))
     reasons = diverged + group_finished(group, world_size, where)
+    if ended_early(group):
+        return reasons  # its ranks stopped where the first reason says
     for rank in group["ranks"]:
         if stopped_at_non_finite_loss(rank):
             continue  # it stopped there, as it must: already the first reason
@@ -203,6 +206,8 @@ def never_saving_arm(
     """The arm that never saves, which took N+K steps on every rank (a rank stops at a NaN or
     infinite loss, as the saving arms do: the first reason then)."""
     diverged, reasons = [], group_finished(group, world_size, where)
+    if ended_early(group):
+        return reasons
     for rank in group["ranks"]:
         losses = enumerate(rank["losses_before"] + rank["losses_after"], start=1)
         found = next(((step, loss) for step, loss in losses if loss in NON_FINITE), None)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from dcp_invariant.evidence import diagnosis
 from dcp_invariant.evidence.diagnosis import TIMEOUT
 from dcp_invariant.evidence.families._record_parts import Obs
-from dcp_invariant.evidence.families.records import GroupRecord
+from dcp_invariant.evidence.families.records import GroupRecord, RaisedRecord
 
 
 def group_finished(group: GroupRecord, world_size: int, where: str) -> list[str]:
@@ -17,17 +18,62 @@ def group_finished(group: GroupRecord, world_size: int, where: str) -> list[str]
     codes = group["exit_codes"]
     if len(codes) != world_size:
         reasons.append(f"{where}: {len(codes)} exit codes for {world_size} ranks")
-    # A fixture rank that recorded a non-finite loss stops there with exit code 1; the loss,
-    # not the code, is the reason (reported by the family's rule).
-    stopped = {
+    if group["timed_out"]:
+        return reasons  # its ranks were killed: how each exited says nothing more
+    exits = rank_exits(group, where)
+    if ended_early(group):
+        return reasons + exits  # each rank that ended early is named already
+    return reasons + exits + rank_set(group["ranks"], world_size, where)
+
+
+def rank_exits(group: GroupRecord, where: str) -> list[str]:
+    """Each rank that did not exit 0, by cause: what the user's code raised, or that it left
+    without reporting (code 0 or not), or failed after it had reported."""
+    reported = {r["rank"] for r in group["ranks"] if isinstance(r, dict)}
+    stopped = _stopped(group)
+    raised = {r["rank"]: r for r in group.get("raised", [])}
+    unfinished = set(group.get("unfinished", []))
+    reasons = []
+    for rank, code in enumerate(group["exit_codes"]):
+        if rank in raised:
+            reasons.append(_raised(raised[rank], where))
+        elif rank not in reported or (rank in unfinished and rank not in stopped):
+            reasons.append(
+                f"{diagnosis.NO_REPORT}: {where} rank {rank}: exited with code {code} before its "
+                "task finished; its log says why (a loop that calls os._exit, or sys.exit "
+                "outside the calls the tool makes, ends so)"
+            )
+        elif code != 0 and not (code == 1 and rank in stopped):
+            reasons.append(
+                f"{diagnosis.RANK_FAILED}: {where} rank {rank}: exited with code {code}; its log "
+                "says why"
+            )
+    return reasons
+
+
+def ended_early(group: GroupRecord) -> bool:
+    """The user's code ended a rank of the group, or a rank left without reporting: what the
+    group's ranks then lack (steps, a load) is a consequence, not a reason of its own."""
+    reported = {r["rank"] for r in group["ranks"] if isinstance(r, dict)}
+    unfinished = set(group.get("unfinished", [])) - _stopped(group)
+    return bool(group.get("raised") or unfinished) or any(
+        r not in reported for r in range(len(group["exit_codes"]))
+    )
+
+
+def _stopped(group: GroupRecord) -> set[int]:
+    """Fixture ranks that recorded a non-finite loss, and so stopped there with exit code 1:
+    the loss, not the code, is the reason (reported by the family's rule)."""
+    return {
         r["rank"] for r in group["ranks"] if isinstance(r, dict) and stopped_at_non_finite_loss(r)
     }
-    reasons += [
-        f"{where} rank {r}: exited with code {c}"
-        for r, c in enumerate(codes)
-        if c != 0 and not (c == 1 and r in stopped)
-    ]
-    return reasons + rank_set(group["ranks"], world_size, where)
+
+
+def _raised(record: RaisedRecord, where: str) -> str:
+    return (
+        f"{diagnosis.APP_RAISED[record['method']]}: {where} rank {record['rank']}: "
+        f"{record['exception']}; its traceback is in the worker's log"
+    )
 
 
 def timed_out(phase: str) -> str:
@@ -42,7 +88,10 @@ def rank_set(ranks: list[Obs], world_size: int, where: str) -> list[str]:
     """Reports from ranks 0 to ``world_size`` - 1, in order, once each."""
     got = [r["rank"] for r in ranks]
     if got != list(range(world_size)):
-        return [f"{where}: reports from ranks {got}, expected {list(range(world_size))}"]
+        return [
+            f"{diagnosis.NO_REPORT}: {where}: reports from ranks {got}, expected "
+            f"{list(range(world_size))}"
+        ]
     return []
 
 

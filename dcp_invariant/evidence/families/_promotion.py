@@ -71,7 +71,11 @@ def committed(commit: CommitRecord, scenario: plan.Scenario) -> list[str]:
     save that wrote none)."""
     if scenario.checkpointing == "app":
         if not commit["sealed"]:  # no marker to wait for: what the save wrote is not a checkpoint
-            return [f"{diagnosis.UNSEALABLE}: commit: {commit['seal_error']}"]
+            error = str(commit["seal_error"])
+            late = f"{diagnosis.WRITTEN_AFTER_SAVE}: "  # its own cause (suite/scenarios/commits.py)
+            if error.startswith(late):
+                return [f"{late}commit: {error.removeprefix(late)}"]
+            return [f"{diagnosis.UNSEALABLE}: commit: {error}"]
         return _promoted(commit, "commit", by_dcp=False)
     return _promoted(commit, "commit") + exactly_dcp_files(
         commit, scenario.source_world_size, "commit"

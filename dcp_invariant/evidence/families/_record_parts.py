@@ -25,6 +25,7 @@ from dcp_invariant.evidence.checks import (
     optional,
     pattern,
     record,
+    record_omitting,
     string,
     type_name,
 )
@@ -118,9 +119,22 @@ load_fields: dict[str, Check] = {
 }
 
 
+# A Python class name, as the user's code raised it (an exception's type, never its message).
+_TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+raised = record(
+    rank=integer(0),
+    method=one_of(*plan.APP_METHODS),
+    exception=pattern(_TYPE_NAME, "a Python class name"),
+)
+
+
 def group(rank_record: Check) -> Record:
-    return record(
-        exit_codes=list_of(exit_code, 8), timed_out=boolean, ranks=list_of(rank_record, 8)
+    return record_omitting(
+        {"raised": list_of(raised, 8), "unfinished": list_of(integer(0), 8)},
+        exit_codes=list_of(exit_code, 8),
+        timed_out=boolean,
+        ranks=list_of(rank_record, 8),
     )
 
 

@@ -15,7 +15,11 @@ from dcp_invariant.evidence.families._fixture_arms import (
     saved_by_rank,
     source_committed,
 )
-from dcp_invariant.evidence.families._groups import first_non_finite_loss, group_finished
+from dcp_invariant.evidence.families._groups import (
+    ended_early,
+    first_non_finite_loss,
+    group_finished,
+)
 from dcp_invariant.evidence.families._promotion import (
     commit_at_baseline,
     loaded_through_pointer,
@@ -96,6 +100,8 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
             reasons.append(diagnosis.non_finite_loss(f"resumed {where}", *found))
     if changed:
         return reasons + changed  # every later difference follows from a changed value
+    if ended_early(continued) or ended_early(target):
+        return reasons  # the steps stopped where the group's reason says
     own = {r["rank"]: r for r in continued["ranks"]}
     for rank in target["ranks"]:
         other = own.get(rank["rank"])

@@ -52,13 +52,32 @@ class CutRecord(TypedDict):
     left_out: list[str]
 
 
-class GroupRecord(TypedDict):
-    """A worker group: each rank's exit code, whether it outran its deadline, and each rank's
-    report, whose keys depend on the task (each family's shape says which)."""
+class RaisedRecord(TypedDict):
+    """What the user's code raised on a rank, which ended it: the method it came from and the
+    exception's type (never its message, which may hold paths)."""
 
+    rank: int
+    method: plan.AppMethod
+    exception: str
+
+
+class _GroupRequired(TypedDict):
     exit_codes: list[int]
     timed_out: bool
     ranks: list[dict[str, Any]]
+
+
+# total=False, not NotRequired: under postponed annotations Python 3.11's TypedDict counts a
+# NotRequired key among the required ones (typing.py reads the string), and a test compares
+# __required_keys__ with the shape.
+class GroupRecord(_GroupRequired, total=False):
+    """A worker group: each rank's exit code, whether it outran its deadline, and each rank's
+    report, whose keys depend on the task (each family's shape says which). ``raised``, present
+    only when the user's code ended a rank, says what it raised; ``unfinished``, only when a
+    rank's process exited 0 before its task returned (os._exit(0), say), names those ranks."""
+
+    raised: list[RaisedRecord]
+    unfinished: list[int]
 
 
 class ObservationBase(TypedDict):

@@ -18,7 +18,11 @@ from dcp_invariant.evidence.families._fixture_arms import (
     saved_by_rank,
     source_committed,
 )
-from dcp_invariant.evidence.families._groups import first_non_finite_loss, group_finished
+from dcp_invariant.evidence.families._groups import (
+    ended_early,
+    first_non_finite_loss,
+    group_finished,
+)
 from dcp_invariant.evidence.families._promotion import (
     commit_at_baseline,
     loaded_through_pointer,
@@ -75,7 +79,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
         found = first_non_finite_loss(rank, n)
         if found is not None:
             reasons.append(diagnosis.non_finite_loss(where, *found))
-        elif len(rank["steps"]) != obs["steps_after"]:
+        elif len(rank["steps"]) != obs["steps_after"] and not ended_early(target):
             reasons.append(
                 f"{where}: took {len(rank['steps'])} steps, the plan has {obs['steps_after']}"
             )

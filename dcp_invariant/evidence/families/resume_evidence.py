@@ -17,7 +17,7 @@ from dcp_invariant.evidence.families._fixture_arms import (
     never_saving_arm,
     saved_by_rank,
 )
-from dcp_invariant.evidence.families._groups import group_finished
+from dcp_invariant.evidence.families._groups import ended_early, group_finished
 from dcp_invariant.evidence.families._promotion import (
     commit_at_baseline,
     committed,
@@ -119,7 +119,7 @@ def rule(scenario: plan.Scenario, obs: Obs) -> list[str]:
     lost_any = lost_any or bool(failed)
     # Ranks step together: one rank's bad load moves every rank's next step.
     cause_2: list[str] = []
-    for rank in loaded_ranks:
+    for rank in [] if ended_early(target) else loaded_ranks:
         if rank["rank"] not in reference:
             continue  # already reported: the resumed group's ranks are not the planned ones
         arm = reference[rank["rank"]]

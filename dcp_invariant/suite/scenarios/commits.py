@@ -13,7 +13,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dcp_invariant import canonical, dcp_layout
-from dcp_invariant.commit import CheckpointStore, Failure, PromotionRefused, SealError, receipt
+from dcp_invariant.commit import (
+    CheckpointStore,
+    Failure,
+    PromotionRefused,
+    SealError,
+    after_save,
+    receipt,
+)
+from dcp_invariant.evidence.diagnosis import WRITTEN_AFTER_SAVE
 from dcp_invariant.evidence.families.records import CommitRecord, FailureRecord, FileSize
 
 
@@ -59,9 +67,15 @@ def commit(
     label: str,
     intern: Interner,
     damage: Callable[[Path], None] | None = None,
+    refused: tuple[str, str] | None = None,
 ) -> CommitRecord:
     """Seal ``label``, let ``damage`` act on the sealed candidate, then try to promote it; the
-    commit record, with digests as ``intern`` labels them."""
+    commit record, with digests as ``intern`` labels them.
+
+    ``refused``: an entry (relative path, kind) the copy of a shared group's save left out, a
+    FIFO, socket or device it must not read; refused as the seal refuses one in place. What
+    changed in the candidate since its ranks' save() returned is refused too
+    (:mod:`dcp_invariant.commit.after_save`), and the commit's files are those that did not."""
     # The fields after the attempt (candidate_retained, pointer_after, generations_after)
     # are read once it is over; a driver error before then returns no record at all.
     record: CommitRecord = {
@@ -79,6 +93,7 @@ def commit(
         "generations_after": 0,
     }
     try:
+        _refuse_before_seal(store, label, refused, record)
         sealed = store.seal(label)
     except SealError as exc:
         record["seal_error"] = str(exc)
@@ -98,6 +113,20 @@ def commit(
     record["pointer_after"] = pointer_label(store, intern)
     record["generations_after"] = len(store.generation_names())
     return record
+
+
+def _refuse_before_seal(
+    store: CheckpointStore, label: str, refused: tuple[str, str] | None, record: CommitRecord
+) -> None:
+    """Raise the seal's error for what the copy left out, then for what changed since save()
+    returned (that error starts with its cause class); its files then are those that did not."""
+    if refused is not None:
+        shown = canonical.printable(refused[0])
+        raise receipt.unsealable(shown, refused[1], nested=store.marker is None)
+    late = after_save.changed(store.candidate(label))
+    if late is not None:
+        record["files"] = [f for f in record["files"] if f["path"] not in late.paths]
+        raise SealError(f"{WRITTEN_AFTER_SAVE}: {late.first}")
 
 
 def _failures(failures: list[Failure]) -> list[FailureRecord]:

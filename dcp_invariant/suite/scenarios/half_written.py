@@ -13,12 +13,12 @@ on whatever it read.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 from dcp_invariant.commit import Generation
 from dcp_invariant.evidence.families.records import CutRecord
+from dcp_invariant.suite.scenarios import save_copy
 from dcp_invariant.suite.scenarios.common import ScenarioContext
 from dcp_invariant.suite.scenarios.payloads import FIXTURE_LOAD_CUT, FixtureLoadCut
 from dcp_invariant.suite.scenarios.reshard import source_committed
@@ -39,11 +39,12 @@ def cut_short(generation: Generation, target: Path) -> CutRecord:
     # Sorted, so each directory's parent is made first.
     for sub in generation.receipt.directories:
         (target / sub).mkdir()
+    # Holes kept, a chunk at a time, and stopped by an interrupt (:mod:`.save_copy`): an app's
+    # file may be gigabytes long, and sparse.
     for name in names[:half]:
-        shutil.copyfile(generation.path / name, target / name)
+        save_copy.copy_file(generation.path / name, target / name)
     cut = files[half]
-    with open(generation.path / cut.path, "rb") as source, open(target / cut.path, "wb") as sink:
-        sink.write(source.read(cut.size // 2))
+    save_copy.copy_file(generation.path / cut.path, target / cut.path, cut.size // 2)
     return {"kept": names[:half], "truncated": cut.path, "left_out": names[half + 1 :]}
 
 

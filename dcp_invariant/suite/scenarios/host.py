@@ -108,7 +108,10 @@ class PoolHost:
     def commit(
         self, store: CheckpointStore, label: str, intern: Interner, damage: Damage | None
     ) -> tuple[CommitRecord, list[str]]:
-        return commit(store, label, intern, damage), []
+        # What the copy of a shared group's save left out (a FIFO, a socket, a device) is
+        # refused as the seal refuses it where the save wrote it.
+        refused = None if self.shared is None else self.shared.refused(store.candidate(label))
+        return commit(store, label, intern, damage, refused), []
 
     def restart(self) -> None:
         pass  # every group is fresh processes already

@@ -14,14 +14,13 @@ own workspace.
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 from concurrent.futures import Future
 from pathlib import Path
 
 from dcp_invariant import canonical
 from dcp_invariant.suite.pool import GroupOutcome, WorkerPool
+from dcp_invariant.suite.scenarios import save_copy
 from dcp_invariant.suite.scenarios.payloads import Call
 
 
@@ -35,6 +34,8 @@ class SharedGroups:
         self._copied = copied
         self._lock = threading.Lock()
         self._runs: dict[bytes, Future[tuple[Path, GroupOutcome]]] = {}
+        # What each copy left out (a FIFO, a socket, a device), by the path it would have had.
+        self._refused: dict[Path, str] = {}
 
     def run(
         self, pool: WorkerPool, call: Call, world_size: int, workdir: Path, name: str
@@ -65,20 +66,26 @@ class SharedGroups:
         home, outcome = future.result()
         for name in self._copied:
             if (home / name).is_dir():
-                _copy_tree(home / name, workdir / name)
+                refused = _copy_tree(home / name, workdir / name)
+                with self._lock:
+                    self._refused.update((workdir / name / r.path, r.kind) for r in refused)
         return outcome
 
+    def refused(self, directory: Path) -> tuple[str, str] | None:
+        """The first entry under ``directory`` (a candidate) that a copy left out, as its path
+        relative to ``directory`` and its kind; None if the copy left out nothing there."""
+        with self._lock:
+            found = sorted(
+                (path.relative_to(directory).as_posix(), kind)
+                for path, kind in self._refused.items()
+                if path.is_relative_to(directory)
+            )
+        return found[0] if found else None
 
-def _copy_tree(source: Path, target: Path) -> None:
-    """``shutil.copytree``, except that a failure keeps its errno.
 
-    copytree gathers per-file errors into ``shutil.Error`` as text, so a full disk would read
-    as a driver error and fail the scenario instead of stopping the run (exit 2). Symlinks are
-    copied as links: the store refuses them, and a copy must not hide one.
-    """
-    for directory, subdirectories, files in os.walk(source):
-        relative = Path(directory).relative_to(source)
-        (target / relative).mkdir(parents=True, exist_ok=True)
-        links = [d for d in subdirectories if (Path(directory) / d).is_symlink()]
-        for name in [*files, *links]:  # os.walk lists a link to a directory but does not enter it
-            shutil.copy2(Path(directory) / name, target / relative / name, follow_symlinks=False)
+def _copy_tree(source: Path, target: Path) -> list[save_copy.Refused]:
+    """:func:`.save_copy.copy_tree`: by kind, never reading a FIFO, socket or device, which it
+    leaves out and returns; interruptible; holes kept; a failure keeps its errno (not
+    ``shutil.copytree``, which gathers per-file errors into ``shutil.Error`` as text, so a full
+    disk would read as a driver error and fail the scenario instead of stopping the run)."""
+    return save_copy.copy_tree(source, target)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from dcp_invariant import canonical
 from dcp_invariant.commit import CheckpointStore, durable
-from dcp_invariant.errors import InJobError
+from dcp_invariant.errors import AppRaised, InJobError
 from dcp_invariant.evidence.families.records import CommitRecord
 from dcp_invariant.suite.pool import GroupOutcome
 from dcp_invariant.suite.scenarios.commits import Interner, commit
@@ -110,7 +110,13 @@ class TorchrunHost:
     ) -> GroupOutcome:
         if not self._live:
             outcome = self._next("group", name)["outcome"]
-            return GroupOutcome(outcome["exit_codes"], outcome["timed_out"], outcome["ranks"], [])
+            return GroupOutcome(
+                outcome["exit_codes"],
+                outcome["timed_out"],
+                outcome["ranks"],
+                [],
+                raised=outcome.get("raised", []),
+            )
         if world_size != self._world_size:
             raise InJobError(
                 f"group {name} needs {world_size} ranks; the job has {self._world_size}"
@@ -121,6 +127,7 @@ class TorchrunHost:
             timed_out=False,  # nothing bounds a group as such: --timeout bounds each collective
             results=[r["record"] for r in results if r["record"] is not None],
             logs=[],  # each rank's output is torchrun's
+            raised=[r["raised"] for r in results if r["raised"] is not None],
         )
         self.recorded.append({"group": name, "outcome": outcome.record()})
         return outcome
@@ -218,7 +225,9 @@ def resharded(first: list[Entry]) -> list[Entry]:
     return [reference, {**committed, "errors": []}]
 
 
-TaskResult = dict[str, Any]  # {"exit_code": 0 or 1, "record": the rank's report or None}
+# {"exit_code": 0 or 1, "record": the rank's report or None, "raised": what the user's code
+# raised (worker.raised_record) or None}
+TaskResult = dict[str, Any]
 
 
 def _task(call: Call, rank: int, world_size: int) -> TaskResult:
@@ -229,11 +238,15 @@ def _task(call: Call, rank: int, world_size: int) -> TaskResult:
     reported: list[dict[str, Any]] = []
     try:
         fn(rank, world_size, dict(call.payload), reported.append)
+    except AppRaised as exc:
+        traceback.print_exception(exc.error, file=sys.stderr)  # the user's frames
+        last = reported[-1] if reported else None
+        return {"exit_code": 1, "record": last, "raised": worker.raised_record(rank, exc)}
     except Exception as exc:
         # The user wants their loop's frames: print them, and record the rank's failure.
         traceback.print_exception(exc, file=sys.stderr)
-        return {"exit_code": 1, "record": reported[-1] if reported else None}
-    return {"exit_code": 0, "record": reported[-1] if reported else None}
+        return {"exit_code": 1, "record": reported[-1] if reported else None, "raised": None}
+    return {"exit_code": 0, "record": reported[-1] if reported else None, "raised": None}
 
 
 def _digest(store: CheckpointStore) -> str | None:

@@ -179,6 +179,7 @@ def main(options: Options) -> int:
     from dcp_invariant.suite import fixture, output_dir, worker
 
     worker.die_with_parent()  # an agent SIGKILLed takes its workers with it
+    fixture.take_interrupts()  # a Ctrl-C stops the rank; a KeyboardInterrupt of the loop's is named
     job = JobEnvironment.read(os.environ)
     source: Path | None = None
     if options.resume_from is None:
