@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     sub.add_parser("list", help="list the scenarios")
     _add_in_job(sub)
+    _add_preempt(sub)
     _add_github_report(sub)
     _add_action_inputs(sub)
     return parser
@@ -188,6 +189,65 @@ def _add_inspect(sub: Subparsers) -> None:
     inspect.add_argument("--json", action="store_true", help="print one canonical JSON record")
 
 
+def _add_preempt(sub: Subparsers) -> None:
+    preempt = sub.add_parser(
+        "preempt",
+        help="kill your own training command at every point of its saves, relaunch it, and "
+        "judge its own auto-resume (Linux)",
+        usage="dcp-invariant preempt [OPTIONS] -- COMMAND [ARGS...] (with {run_dir} in it)",
+    )
+    preempt.add_argument(
+        "--step-line",
+        metavar="REGEX",
+        help="picks the per-step lines out of the job's output, with named groups step and "
+        "loss (default: `step 3 loss 0.25` and torchtitan's `step: 3 loss: 0.25`)",
+    )
+    preempt.add_argument(
+        "--final",
+        metavar="PATH",
+        help="what the job leaves at its end, relative to {run_dir}: compared bit for bit",
+    )
+    preempt.add_argument(
+        "--crash-points",
+        type=int,
+        default=plan.PREEMPT_CRASH_POINTS,
+        metavar="N",
+        help=f"crash points to relaunch (default {plan.PREEMPT_CRASH_POINTS}; every rename, "
+        "unlink and rmdir, and the state between saves, always)",
+    )
+    preempt.add_argument(
+        "--timeout",
+        type=float,
+        default=plan.PREEMPT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"seconds each launch may take (default {plan.PREEMPT_TIMEOUT:g})",
+    )
+    preempt.add_argument("job", nargs=argparse.REMAINDER, help="-- then the job's command")
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    from dcp_invariant.preempt import command
+    from dcp_invariant.preempt.launch import Launches
+
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    options = command.checked_options(
+        job, args.step_line, args.final, args.crash_points, args.timeout
+    )
+    launches = Launches()
+    try:
+        with _interruptible():
+            try:
+                outcome = command.check(options, launches)
+            finally:
+                launches.stop_all()
+    except Interrupted as exc:
+        print("dcp-invariant: interrupted: nothing written", file=sys.stderr)
+        return 128 + exc.signum
+    lines, code = command.report(outcome)
+    _print_lines(lines)
+    return code
+
+
 def _add_in_job(sub: Subparsers) -> None:
     in_job = sub.add_parser(
         "in-job",
@@ -302,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             "github-report": _github_report,
             "action-inputs": _action_inputs,
             "in-job": _in_job,
+            "preempt": _preempt,
         }
         return commands[args.command](args)
     except BadInput as exc:

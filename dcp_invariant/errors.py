@@ -86,6 +86,11 @@ class InJobError(BadInput):
     """The job cannot run the checks as launched; the message says what to change."""
 
 
+class PreemptInputError(BadInput):
+    """``preempt``: a command, option or job that the check cannot start with (no ``{run_dir}``,
+    a command not found, a bad ``--step-line``, a job that does not repeat itself)."""
+
+
 class ActionInputError(BadInput, ValueError):
     """An input of the composite action the job cannot run with; the message names the input."""
 

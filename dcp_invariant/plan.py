@@ -270,6 +270,10 @@ def further_steps(steps_after: int) -> int:
 # Seconds each worker group may take; a day at most: longer is a typo, and far longer overflows
 # the timers it reaches (1e308 did).
 DEFAULT_TIMEOUT = 180.0
+# `preempt`: crash points relaunched, and seconds each launch of the user's command may take
+# (a real job's run, so far above a worker group's).
+PREEMPT_CRASH_POINTS = 32
+PREEMPT_TIMEOUT = 600.0
 MAX_TIMEOUT = 86400.0
 # "in_job": the user's own torchrun job runs the checks at its world size, across nodes
 # (dcp_invariant/suite/torchrun/in_job.py).

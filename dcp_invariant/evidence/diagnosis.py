@@ -70,6 +70,11 @@ APP_RAISED: dict[plan.AppMethod, str] = {
 # (os._exit) or something killed it. One that reported and then failed: its log says why.
 NO_REPORT = "a rank exited without reporting"
 RANK_FAILED = "a rank failed after reporting"
+# ``preempt``'s causes: the job relaunched on what a kill left crashed (or hung), resumed to
+# other step lines or another final state, or resumed from before a save that was whole.
+CANNOT_RESUME = "cannot resume after a crash"
+OTHER_RESULT = "resumed to another result after a crash"
+LOST_CHECKPOINT = "lost a completed checkpoint"
 # A group killed at its deadline (families._groups.timed_out); check() reports a fixture whose
 # first step timed out under it too.
 TIMEOUT = "timeout"
@@ -415,6 +420,9 @@ RANKED_CAUSES = (
     NOT_LOADED,
     CHANGED_DURING_SAVE,
     NON_FINITE,
+    CANNOT_RESUME,
+    OTHER_RESULT,
+    LOST_CHECKPOINT,
 )
 
 

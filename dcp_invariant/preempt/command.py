@@ -1,0 +1,262 @@
+"""``dcp-invariant preempt -- COMMAND``: the user's own job, killed at its own saves and
+relaunched on what each kill left, judged against its uninterrupted run.
+
+1. Two uninterrupted launches, both instrumented: the first lists every file operation, the
+   crash points are chosen from that list, and the second stops at each one and copies the run
+   directory as it stands. The two must agree (step lines, final state), or nothing can be
+   judged: bad input.
+2. Each crash state is relaunched with the same command, in parallel where cores are free,
+   and judged (:mod:`.verdict`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from dcp_invariant import plan
+from dcp_invariant.errors import PreemptInputError
+from dcp_invariant.preempt import final_state, interposer, operations, step_lines, verdict
+from dcp_invariant.preempt.launch import RUN_DIR, Launch, Launches
+from dcp_invariant.preempt.operations import Operation
+from dcp_invariant.preempt.recorder import Recorder
+
+DEFAULT_CRASH_POINTS = plan.PREEMPT_CRASH_POINTS
+DEFAULT_TIMEOUT = plan.PREEMPT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Options:
+    command: tuple[str, ...]
+    step_line: re.Pattern[str]
+    final: str | None
+    crash_points: int = DEFAULT_CRASH_POINTS
+    timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The checked job: its uninterrupted steps, its operations, and each crash point's
+    relaunch and reasons (empty: it passed)."""
+
+    reference: dict[int, list[str]]
+    operations: list[Operation]
+    relaunches: dict[tuple[str, int], verdict.Relaunch]
+    reasons: dict[tuple[str, int], list[str]]
+    varied: list[Operation]
+    tails: dict[tuple[str, int], list[str]]
+
+
+def checked_options(
+    command: Sequence[str],
+    step_line: str | None,
+    final: str | None,
+    crash_points: int,
+    timeout: float,
+) -> Options:
+    """The options, or :class:`PreemptInputError` naming the first problem: before any launch."""
+    if not command:
+        raise PreemptInputError(
+            "give the job's command after --, e.g. -- python train.py --out {run_dir}"
+        )
+    if not any(RUN_DIR in arg for arg in command):
+        raise PreemptInputError(
+            f"the command has no {RUN_DIR}: put it where the job takes the directory it writes "
+            f"its checkpoints to (e.g. --output-dir {RUN_DIR}); each launch gets a fresh one"
+        )
+    program = command[0]
+    if shutil.which(program) is None:
+        raise PreemptInputError(
+            f"{program!r}: command not found: give a program on PATH or its path"
+        )
+    if final is not None:
+        path = PurePosixPath(final)
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise PreemptInputError(
+                f"--final {final!r} is not a path inside {RUN_DIR}: give it relative to the run "
+                "directory, e.g. --final final.pt"
+            )
+    if crash_points < 1:
+        raise PreemptInputError(f"--crash-points {crash_points}: give a positive number")
+    if not 0 < timeout <= 86400:
+        raise PreemptInputError(f"--timeout {timeout:g}: give seconds from 0 to 86400")
+    regex = step_lines.compiled(step_line or step_lines.DEFAULT_STEP_LINE)
+    return Options(tuple(command), regex, final, crash_points, timeout)
+
+
+def check(options: Options, launches: Launches) -> Outcome:
+    """Run the whole check (the module's docstring says how)."""
+    library = interposer.library()
+    with tempfile.TemporaryDirectory(prefix="dcp-invariant-preempt-") as scratch:
+        root = Path(scratch)
+        first = _instrumented(options, launches, library, root / "first", None)
+        points = operations.chosen(first.operations, options.crash_points)
+        chosen = {operations.key(o) for o in points}
+        second = _instrumented(options, launches, library, root / "second", chosen)
+        _agree(options, first, second)
+        varied = _varied(first.operations, second.operations, points)
+        taken = {
+            k: p for k, p in second.taken.items() if k not in {operations.key(v) for v in varied}
+        }
+        reference = first.steps
+        relaunches, tails = _relaunch_all(options, launches, root, taken, first.run_dir)
+    reasons = verdict.judged(first.operations, relaunches, reference, options.timeout)
+    return Outcome(reference, first.operations, relaunches, reasons, varied, tails)
+
+
+@dataclass
+class _Run:
+    run_dir: Path
+    launch: Launch
+    steps: dict[int, list[str]]
+    operations: list[Operation]
+    taken: dict[tuple[str, int], Path]
+
+
+def _instrumented(
+    options: Options,
+    launches: Launches,
+    library: Path,
+    root: Path,
+    chosen: set[tuple[str, int]] | None,
+) -> _Run:
+    run_dir = root / "run"
+    run_dir.mkdir(parents=True)
+    output = root / "output.log"
+    output.touch()
+    snapshots = root / "states"
+    snapshots.mkdir()
+    recorder = Recorder(root, run_dir, output, options.step_line, chosen, snapshots)
+    with recorder.serving():
+        done = launches.run(
+            options.command,
+            run_dir,
+            output,
+            options.timeout,
+            env=recorder.environment(library),
+            started=lambda pid: setattr(recorder, "leader", pid),
+        )
+    steps = step_lines.steps(done.lines, options.step_line)
+    run = _Run(run_dir, done, steps, recorder.operations, recorder.taken)
+    _usable(options, run)
+    return run
+
+
+def _usable(options: Options, run: _Run) -> None:
+    """An uninterrupted launch that can be a reference: it exits 0, prints step lines, writes."""
+    last = run.launch.tail[-1] if run.launch.tail else "it printed nothing"
+    if run.launch.exit_code is None:
+        raise PreemptInputError(
+            f"the job did not finish within --timeout {options.timeout:g} s without any crash: "
+            "raise --timeout, or make the job shorter"
+        )
+    if run.launch.exit_code != 0:
+        raise PreemptInputError(
+            f"the job fails with no crash at all (exit code {run.launch.exit_code}; its last "
+            f"line: {last[:200]}): make it run to the end first"
+        )
+    if not run.steps:
+        raise PreemptInputError(
+            f"no line of the job's output matches --step-line {options.step_line.pattern!r}: "
+            "print one line a step, e.g. print(f'step {step} loss {loss.item().hex()}')"
+        )
+    if not any(run.run_dir.iterdir()):
+        raise PreemptInputError(
+            f"the job wrote nothing under {RUN_DIR}: pass it as the directory the job saves its "
+            "checkpoints to"
+        )
+    if options.final is not None and not (run.run_dir / options.final).exists():
+        raise PreemptInputError(
+            f"--final {options.final}: the job left no such file or directory under {RUN_DIR}"
+        )
+
+
+def _agree(options: Options, first: _Run, second: _Run) -> None:
+    """The two uninterrupted launches agree, or nothing can be judged: bad input."""
+    differs = step_lines.first_difference(first.steps, second.steps)
+    if differs is None and options.final is not None:
+        differs = final_state.first_difference(
+            first.run_dir / options.final, second.run_dir / options.final
+        )
+        differs = None if differs is None else f"the final state differs: {differs}"
+    if differs is not None:
+        raise PreemptInputError(
+            f"two uninterrupted runs of the job differ ({differs}), so a resume cannot be "
+            "judged: seed every generator, fix the thread count, use no data-loader workers or "
+            "seed them, and use deterministic kernels (torch.use_deterministic_algorithms)"
+        )
+
+
+def _varied(
+    first: Sequence[Operation], second: Sequence[Operation], points: Sequence[Operation]
+) -> list[Operation]:
+    """The chosen points whose operation the second launch did not make alike: their state is
+    not one state of the job, so they are recorded and not judged."""
+    seconds = {operations.key(o): o for o in second}
+    return [p for p in points if seconds.get(operations.key(p)) != p]
+
+
+def _relaunch_all(
+    options: Options,
+    launches: Launches,
+    root: Path,
+    taken: dict[tuple[str, int], Path],
+    reference_dir: Path,
+) -> tuple[dict[tuple[str, int], verdict.Relaunch], dict[tuple[str, int], list[str]]]:
+    def one(
+        item: tuple[tuple[str, int], Path],
+    ) -> tuple[tuple[str, int], verdict.Relaunch, list[str]]:
+        point, state = item
+        done = launches.run(
+            options.command, state, state.parent / f"{state.name}.log", options.timeout
+        )
+        final = None
+        if options.final is not None and done.exit_code == 0:
+            final = final_state.first_difference(
+                reference_dir / options.final, state / options.final
+            )
+        steps = step_lines.steps(done.lines, options.step_line)
+        record: verdict.Relaunch = {"exit_code": done.exit_code, "steps": steps, "final": final}
+        return point, record, done.tail
+
+    workers = max(
+        1, min(len(taken), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    )
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(one, sorted(taken.items(), key=lambda kv: str(kv[1]))))
+    return {k: r for k, r, _ in results}, {k: t for k, _, t in results}
+
+
+def report(outcome: Outcome) -> tuple[list[str], int]:
+    """The lines that report the verdicts, and the exit code."""
+    ops = outcome.operations
+    lines = [
+        f"preempt: {len(ops)} file operations (ranks {', '.join(sorted({o.rank for o in ops}))}), "
+        f"{len(outcome.relaunches)} crash points relaunched; the uninterrupted run reached "
+        f"step {max(outcome.reference)}"
+    ]
+    failed = 0
+    for point in ops:
+        key = operations.key(point)
+        if key not in outcome.reasons:
+            continue
+        reasons = outcome.reasons[key]
+        if not reasons:
+            lines.append(f"ok    killed before {point.name}")
+            continue
+        failed += 1
+        lines += [f"FAIL  {reason}" for reason in reasons]
+        if outcome.relaunches[key]["exit_code"] != 0:
+            lines += [f"      | {line[:200]}" for line in outcome.tails.get(key, [])[-5:]]
+    lines += [
+        f"skip  killed before {p.name}: the second run did not make this operation alike"
+        for p in outcome.varied
+    ]
+    lines.append(f"summary: {len(outcome.reasons) - failed} passed, {failed} failed")
+    return lines, 1 if failed else 0

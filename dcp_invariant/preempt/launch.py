@@ -1,0 +1,138 @@
+"""One launch of the user's command: ``{run_dir}`` filled in, its output kept in files, bounded
+by a timeout, and every process it started killed when it ends or the run is interrupted.
+
+Its output goes to files, not pipes, so the recorder can read everything the job printed up to
+the instant it reports an operation (:mod:`.recorder`): the job writes its step lines before
+the save that follows them, and ``PYTHONUNBUFFERED`` makes Python's streams write them at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_DIR = "{run_dir}"
+# What a relaunch's failure shows of its output.
+TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a launch ended (``exit_code`` None: killed at its timeout) and what it printed."""
+
+    exit_code: int | None
+    lines: list[str]
+
+    @property
+    def tail(self) -> list[str]:
+        return self.lines[-TAIL_LINES:]
+
+
+def filled(command: Sequence[str], run_dir: Path) -> list[str]:
+    """``command`` with every ``{run_dir}`` replaced, as a substring too (``--out={run_dir}``)."""
+    return [arg.replace(RUN_DIR, str(run_dir)) for arg in command]
+
+
+class Launches:
+    """The launches under way; :meth:`stop_all` kills them all (an interrupt)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[int] = set()
+        self.stopping = False
+
+    def run(
+        self,
+        command: Sequence[str],
+        run_dir: Path,
+        output: Path,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        started: Callable[[int], None] | None = None,
+    ) -> Launch:
+        """Run ``command`` on ``run_dir`` from the caller's working directory; its stdout and
+        stderr go to ``output`` (one file: the step lines of both are read in order)."""
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        with output.open("wb") as sink, self._lock:
+            if self.stopping:
+                raise InterruptedError("the run is being interrupted")
+            proc = subprocess.Popen(
+                filled(command, run_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,  # its group is killed whole: torchrun's ranks too
+            )
+            self._live.add(proc.pid)
+        if started is not None:
+            started(proc.pid)
+        try:
+            code: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            _kill_tree(proc.pid)
+            proc.wait()
+            with self._lock:
+                self._live.discard(proc.pid)
+        text = output.read_text(encoding="utf-8", errors="replace")
+        return Launch(code, text.splitlines())
+
+    def stop_all(self) -> None:
+        with self._lock:
+            self.stopping = True
+            live = list(self._live)
+        for pid in live:
+            _kill_tree(pid)
+
+
+def _kill_tree(leader: int) -> None:
+    """Kill the launch's process group and every process descended from its leader (a
+    launcher's ranks may start sessions of their own)."""
+    for pid in [leader, *descendants(leader)]:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # the group is empty
+        os.killpg(leader, signal.SIGKILL)
+
+
+def descendants(leader: int) -> list[int]:
+    """The processes descended from ``leader``, read from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it ended meanwhile
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [leader]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stopped(pids: Sequence[int], within: float = 2.0) -> None:
+    """Wait until each of ``pids`` is stopped (or gone), up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                break  # gone
+            if stat[stat.rindex(")") + 2] in "TtZX":
+                break
+            time.sleep(0.001)

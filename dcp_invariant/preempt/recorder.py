@@ -1,0 +1,143 @@
+"""The tool's end of the interposer: it hears every file operation of an instrumented launch
+as it is about to happen, numbers it, and at a chosen crash point takes the run directory as
+the job left it, with every process of the job stopped.
+
+Each operation waits for the tool's answer, so the state taken is exactly "every earlier
+operation done, this one not" for the process that reports it; the job's other processes are
+stopped (SIGSTOP takes effect between system calls) while the copy is made, so what is copied
+is one instant's state, never a mixture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dcp_invariant.preempt import launch
+from dcp_invariant.preempt.operations import Numbering, Operation, key
+from dcp_invariant.preempt.step_lines import steps
+
+SOCKET_ENV = "DCP_INVARIANT_PREEMPT_SOCKET"
+ROOT_ENV = "DCP_INVARIANT_PREEMPT_ROOT"
+
+
+class Recorder:
+    """Serves one instrumented launch: its operations in order, and the crash states taken
+    at ``chosen`` (keys of :func:`.operations.key`) into ``snapshots``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        run_dir: Path,
+        output: Path,
+        regex: re.Pattern[str],
+        chosen: set[tuple[str, int]] | None = None,
+        snapshots: Path | None = None,
+    ) -> None:
+        self.operations: list[Operation] = []
+        self.taken: dict[tuple[str, int], Path] = {}
+        # AF_UNIX paths stop at 108 bytes (104 on macOS): a long TMPDIR cannot hold the
+        # socket, so it lives in a short directory of its own (/tmp), removed with the server.
+        self._sockets = Path(tempfile.mkdtemp(prefix="dcpi-", dir=_short_parent(directory)))
+        self._path = self._sockets / "ops"
+        self._run_dir, self._output, self._regex = run_dir, output, regex
+        self._chosen, self._snapshots = chosen or set(), snapshots
+        self._numbering = Numbering()
+        self._lock = threading.Lock()
+        self._seen = 0  # bytes of the output already read
+        self._partial = ""
+        self._last_step = 0
+        self.leader: int | None = None
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(self._path))
+        self._server.listen(64)
+
+    def environment(self, library: Path) -> dict[str, str]:
+        preload = os.environ.get("LD_PRELOAD", "")
+        return {
+            "LD_PRELOAD": f"{library} {preload}".strip(),
+            SOCKET_ENV: str(self._path),
+            ROOT_ENV: str(self._run_dir),
+        }
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        thread = threading.Thread(target=self._accept, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            self._server.close()
+            shutil.rmtree(self._sockets, ignore_errors=True)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed: the launch is over
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            for raw in lines:
+                self._heard(raw.decode("utf-8", errors="replace"))
+                try:
+                    conn.sendall(b"k")
+                except OSError:
+                    return  # the process died
+
+    def _heard(self, line: str) -> None:
+        with self._lock:
+            operation = self._numbering.parse(line, self._steps_printed())
+            if operation is None:
+                return
+            self.operations.append(operation)
+            if key(operation) in self._chosen and self._snapshots is not None:
+                self._take(operation)
+
+    def _steps_printed(self) -> int:
+        """The last step the job has printed, read from its output as it stands now."""
+        with self._output.open("rb") as file:
+            file.seek(self._seen)
+            new = file.read()
+        self._seen += len(new)
+        text = self._partial + new.decode("utf-8", errors="replace")
+        *complete, self._partial = text.split("\n")
+        found = steps(complete, self._regex)
+        if found:
+            self._last_step = max(self._last_step, max(found))
+        return self._last_step
+
+    def _take(self, operation: Operation) -> None:
+        assert self._snapshots is not None and self.leader is not None
+        pids = [self.leader, *launch.descendants(self.leader)]
+        for pid in pids:
+            _signal(pid, signal.SIGSTOP)
+        try:
+            launch.stopped(pids)
+            target = self._snapshots / f"{len(self.taken):05d}"
+            shutil.copytree(self._run_dir, target, symlinks=True)
+            self.taken[key(operation)] = target
+        finally:
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)
+
+
+def _short_parent(directory: Path) -> str:
+    """``directory``, or /tmp where a socket path under it would be too long."""
+    return str(directory) if len(str(directory)) <= 80 or not os.path.isdir("/tmp") else "/tmp"
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+        os.kill(pid, sig)
