@@ -10,26 +10,21 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import sys
 import threading
 import time
 from typing import Any
 
 from saving_loops import SavesItself
+from unsealable_names import (
+    LATE,
+    LATE_DELAY_SECONDS,
+    SPARSE,
+    SPARSE_BYTES,
+    SPARSE_DATA,
+    SPECIAL,
+)
 
-# What each save adds beside the rank's own file, by name (relative to the checkpoint).
-SPECIAL = "special"
-# The sparse file's size: far more than the copy could read within the 2 s an interrupt has.
-SPARSE_BYTES = 2 << 30
-SPARSE = "sparse.bin"
-# The one data block the sparse file holds, at its middle: its holes are on both sides.
-SPARSE_DATA = b"data in the middle of a hole"
-LATE = "late.bin"
-# How long the late writer waits after save() returned before it writes: well inside the K
-# steps that follow the save, so the file is there when the group ends, in every run.
-LATE_DELAY_SECONDS = 0.2
-# Device numbers (Linux's): /dev/zero, which never ends, and /dev/null, which reads as empty.
-ZERO = (1, 5)
-NULL = (1, 3)
 # The sockets a save bound: kept open until the process ends, as a server's would be.
 _BOUND: list[socket.socket] = []
 
@@ -37,6 +32,8 @@ _BOUND: list[socket.socket] = []
 class SavesAFifo(SavesItself):
     def save(self, checkpoint_dir: str) -> None:
         super().save(checkpoint_dir)
+        if sys.platform == "win32":  # POSIX only: skipped there
+            raise NotImplementedError
         os.mkfifo(os.path.join(checkpoint_dir, SPECIAL))
 
 
@@ -45,6 +42,8 @@ class SavesASocket(SavesItself):
         super().save(checkpoint_dir)
         # Bound by the relative path (the worker works in its scenario's directory): an
         # absolute one may pass the 108 bytes sun_path holds (unix(7)).
+        if sys.platform == "win32":  # POSIX only: skipped there
+            raise NotImplementedError
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(os.path.join(checkpoint_dir, SPECIAL))
         _BOUND.append(server)
@@ -56,6 +55,8 @@ class SavesADevice(SavesItself):
 
     def save(self, checkpoint_dir: str) -> None:
         super().save(checkpoint_dir)
+        if sys.platform == "win32":  # POSIX only: skipped there
+            raise NotImplementedError
         major, minor = (int(n) for n in os.environ["UNSEALABLE_DEVICE"].split(","))
         os.mknod(
             os.path.join(checkpoint_dir, SPECIAL), stat.S_IFCHR | 0o600, os.makedev(major, minor)

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -97,6 +98,8 @@ class Launches:
 def _kill_tree(leader: int) -> None:
     """Kill the launch's process group and every process descended from its leader (a
     launcher's ranks may start sessions of their own)."""
+    if sys.platform == "win32":  # refused before any launch: interposer.library()
+        raise NotImplementedError("preempt runs on Linux")
     for pid in [leader, *descendants(leader)]:
         with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
             os.kill(pid, signal.SIGKILL)

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -57,7 +58,9 @@ class Recorder:
         self._partial = ""
         self._last_step = 0
         self.leader: int | None = None
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if sys.platform == "win32":  # refused before any launch: interposer.library()
+            raise NotImplementedError("preempt runs on Linux")
+        self._server: socket.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(self._path))
         self._server.listen(64)
 
@@ -120,6 +123,8 @@ class Recorder:
 
     def _take(self, operation: Operation) -> None:
         assert self._snapshots is not None and self.leader is not None
+        if sys.platform == "win32":  # refused before any launch: interposer.library()
+            raise NotImplementedError("preempt runs on Linux")
         pids = [self.leader, *launch.descendants(self.leader)]
         for pid in pids:
             _signal(pid, signal.SIGSTOP)

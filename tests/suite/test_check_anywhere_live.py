@@ -154,8 +154,8 @@ def _run(tmp_path: Path, script: str, *args: str) -> tuple[Any, Path]:
     """Run ``script`` as a user's file with ``args``; its JSON or printed line, and its
     temporary directory. No process of its run may outlive it."""
     # Short: the caller's own fork server binds a socket under it (AF_UNIX paths stop at 108
-    # bytes), and pytest's tmp_path under xdist is already past 80.
-    temp = Path(tempfile.mkdtemp(prefix="ca-"))
+    # bytes), and pytest's tmp_path (or a CI job's TMPDIR) may already be past 80.
+    temp = Path(tempfile.mkdtemp(prefix="ca-", dir="/tmp" if os.path.isdir("/tmp") else None))
     request_cleanup(temp)
     path = tmp_path / "caller.py"
     path.write_text(script, encoding="utf-8")
