@@ -234,29 +234,38 @@ def _relaunch_all(
 
 
 def report(outcome: Outcome) -> tuple[list[str], int]:
-    """The lines that report the verdicts, and the exit code."""
+    """The verdicts grouped by cause, each cause once with the points it was seen at and the
+    first relaunch's last lines; the points that passed in one line; and the exit code."""
     ops = outcome.operations
     lines = [
         f"preempt: {len(ops)} file operations (ranks {', '.join(sorted({o.rank for o in ops}))}), "
         f"{len(outcome.relaunches)} crash points relaunched; the uninterrupted run reached "
         f"step {max(outcome.reference)}"
     ]
-    failed = 0
+    by_cause: dict[str, list[tuple[tuple[str, int], str]]] = {}
+    passed: list[Operation] = []
     for point in ops:
         key = operations.key(point)
         if key not in outcome.reasons:
             continue
-        reasons = outcome.reasons[key]
-        if not reasons:
-            lines.append(f"ok    killed before {point.name}")
-            continue
-        failed += 1
-        lines += [f"FAIL  {reason}" for reason in reasons]
-        if outcome.relaunches[key]["exit_code"] != 0:
-            lines += [f"      | {line[:200]}" for line in outcome.tails.get(key, [])[-5:]]
+        if not outcome.reasons[key]:
+            passed.append(point)
+        for reason in outcome.reasons[key]:
+            cause, _, rest = reason.partition(": ")
+            by_cause.setdefault(cause, []).append((key, rest))
+    for cause, seen in by_cause.items():
+        lines.append(f"FAIL  {cause}: at {len(seen)} of {len(outcome.reasons)} crash points")
+        lines += [f"      - {rest}" for _, rest in seen]
+        first = seen[0][0]
+        if outcome.relaunches[first]["exit_code"] != 0:
+            lines.append("      the first relaunch's last lines:")
+            lines += [f"      | {line[:200]}" for line in outcome.tails.get(first, [])[-5:]]
+    if passed:
+        lines.append(f"ok    {len(passed)} crash points: " + "; ".join(p.name for p in passed))
     lines += [
         f"skip  killed before {p.name}: the second run did not make this operation alike"
         for p in outcome.varied
     ]
-    lines.append(f"summary: {len(outcome.reasons) - failed} passed, {failed} failed")
+    failed = len(outcome.reasons) - len(passed)
+    lines.append(f"summary: {len(passed)} passed, {failed} failed")
     return lines, 1 if failed else 0

@@ -88,8 +88,7 @@ def _reasons(
     if code != 0:
         how = f"timed out after {timeout:g} s" if code is None else f"exited with code {code}"
         return [
-            f"{CANNOT_RESUME}: {where}: the relaunch {how}, so the job would fail at every "
-            "restart; its last lines are shown above"
+            f"{CANNOT_RESUME}: {where}: the relaunch {how}, so the job would fail at every restart"
         ]
     reasons = []
     resumed = resume_step(relaunch, reference)
