@@ -12,12 +12,31 @@ import importlib
 TYPE_CHECKING = False  # typing's, without importing typing (13 ms); mypy takes it as True
 if TYPE_CHECKING:
     from dcp_invariant.errors import BadInput, Error
-    from dcp_invariant.python_api import Diagnosis, Report, ScenarioResult, check
+    from dcp_invariant.python_api import (
+        CrashPoint,
+        Diagnosis,
+        JobReport,
+        Report,
+        ScenarioResult,
+        check,
+        check_job,
+    )
 
 # The one place the version is written: the build (pyproject.toml's [tool.hatch.version]) and the
 # release workflow's tag check read it here.
 __version__ = "0.5.0"
-__all__ = ["BadInput", "Diagnosis", "Error", "Report", "ScenarioResult", "__version__", "check"]
+__all__ = [
+    "BadInput",
+    "CrashPoint",
+    "Diagnosis",
+    "Error",
+    "JobReport",
+    "Report",
+    "ScenarioResult",
+    "__version__",
+    "check",
+    "check_job",
+]
 
 # Each public name's module, imported on first use (PEP 562): `python -m dcp_invariant` and the
 # command's entry point import this package first, and a Ctrl-C while they import it must find
@@ -29,6 +48,9 @@ _LAZY = {
     "Report": "dcp_invariant.python_api",
     "ScenarioResult": "dcp_invariant.python_api",
     "check": "dcp_invariant.python_api",
+    "check_job": "dcp_invariant.python_api",
+    "CrashPoint": "dcp_invariant.python_api",
+    "JobReport": "dcp_invariant.python_api",
 }
 
 

@@ -222,6 +222,12 @@ def _add_preempt(sub: Subparsers) -> None:
         metavar="SECONDS",
         help=f"seconds each launch may take (default {plan.PREEMPT_TIMEOUT:g})",
     )
+    preempt.add_argument(
+        "--output-dir",
+        type=Path,
+        help="where the evidence (preempt.json) goes: a new or empty directory; "
+        "`dcp-invariant verify DIR` derives every verdict again from it",
+    )
     preempt.add_argument("job", nargs=argparse.REMAINDER, help="-- then the job's command")
 
 
@@ -231,7 +237,7 @@ def _preempt(args: argparse.Namespace) -> int:
 
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
     options = command.checked_options(
-        job, args.step_line, args.final, args.crash_points, args.timeout
+        job, args.step_line, args.final, args.crash_points, args.timeout, args.output_dir
     )
     launches = Launches()
     try:
@@ -244,6 +250,11 @@ def _preempt(args: argparse.Namespace) -> int:
         print("dcp-invariant: interrupted: nothing written", file=sys.stderr)
         return 128 + exc.signum
     lines, code = command.report(outcome)
+    if options.output_dir is not None:
+        from dcp_invariant.evidence.preempt import record
+
+        record.write(options.output_dir, command.evidence(options, outcome))
+        lines.append(f"evidence: {options.output_dir / record.PREEMPT_FILE}")
     _print_lines(lines)
     return code
 
@@ -426,6 +437,12 @@ def _verify(args: argparse.Namespace) -> int:
             f"{canonical.shown(str(directory))} is not a directory: pass the directory "
             "`dcp-invariant run` wrote"
         )
+    if (directory / "preempt.json").is_file():
+        from dcp_invariant.evidence.preempt import record
+
+        valid, said = record.verify(directory)
+        _print_lines(said)
+        return EXIT_OK if valid and said[-1].startswith("pass") else EXIT_FAIL
     report = verify_artifact(directory)
     lines = []
     if not report.artifact_like:

@@ -419,3 +419,79 @@ def source_revision_of(given: str | None, name: str = "source_revision") -> str:
         done = None
     revision = done.stdout.strip() if done is not None and done.returncode == 0 else ""
     return revision if valid_revision(revision) else UNKNOWN_REVISION
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """One crash point of :func:`check_job`: where the job was killed (``name``: process,
+    operation number and kind, path, steps printed), and why its relaunch fails, if it does."""
+
+    name: str
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """What :func:`check_job` found. ``str(report)`` is ``preempt``'s report, grouped by cause."""
+
+    passed: bool
+    points: tuple[CrashPoint, ...]  # in the order the job made the operations
+    skipped: tuple[str, ...]  # points the second uninterrupted launch did not reach alike
+    evidence: Path | None  # output_dir's preempt.json, when output_dir was given
+    lines: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+def check_job(
+    command: str | Sequence[str],
+    *,
+    final: str | None = None,
+    step_line: str | None = None,
+    crash_points: int = plan.PREEMPT_CRASH_POINTS,
+    timeout: float = plan.PREEMPT_TIMEOUT,
+    output_dir: str | os.PathLike[str] | None = None,
+) -> JobReport:
+    """``dcp-invariant preempt`` from Python: your own training command (``{run_dir}`` in it),
+    killed at the points of its own saves and relaunched; docs/preempt.md says how.
+
+    ``command`` is a list of arguments, or a string split as a shell would (``shlex.split``)
+    and never given to one. Bad input raises :class:`dcp_invariant.BadInput` before anything
+    is launched; Linux only.
+    """
+    import shlex
+
+    from dcp_invariant.preempt import command as preempt
+    from dcp_invariant.preempt.launch import Launches
+
+    _require("crash_points", crash_points, "an int", type(crash_points) is int)
+    _require("timeout", timeout, "a number of seconds", _is_number(timeout))
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    options = preempt.checked_options(
+        argv, step_line, final, crash_points, timeout, _path_argument("output_dir", output_dir)
+    )
+    launches = Launches()
+    try:
+        outcome = preempt.check(options, launches)
+    finally:
+        launches.stop_all()  # an interrupt or an error: no launch outlives the call
+    lines, code = preempt.report(outcome)
+    evidence = None
+    if options.output_dir is not None:
+        from dcp_invariant.evidence.preempt import record
+
+        record.write(options.output_dir, preempt.evidence(options, outcome))
+        evidence = options.output_dir / record.PREEMPT_FILE
+    by_point = {(o.rank, o.index): o for o in outcome.operations}
+    points = tuple(
+        CrashPoint(by_point[k].name, tuple(outcome.reasons[k]))
+        for k in sorted(outcome.reasons, key=lambda k: outcome.operations.index(by_point[k]))
+    )
+    return JobReport(
+        passed=code == 0,
+        points=points,
+        skipped=tuple(p.name for p in outcome.varied),
+        evidence=evidence,
+        lines=tuple(lines),
+    )

@@ -22,9 +22,10 @@ from pathlib import Path, PurePosixPath
 
 from dcp_invariant import plan
 from dcp_invariant.errors import PreemptInputError
-from dcp_invariant.preempt import final_state, interposer, operations, step_lines, verdict
+from dcp_invariant.evidence.preempt import operations, record, step_lines, verdict
+from dcp_invariant.evidence.preempt.operations import Operation
+from dcp_invariant.preempt import final_state, interposer
 from dcp_invariant.preempt.launch import RUN_DIR, Launch, Launches
-from dcp_invariant.preempt.operations import Operation
 from dcp_invariant.preempt.recorder import Recorder
 
 DEFAULT_CRASH_POINTS = plan.PREEMPT_CRASH_POINTS
@@ -38,6 +39,7 @@ class Options:
     final: str | None
     crash_points: int = DEFAULT_CRASH_POINTS
     timeout: float = DEFAULT_TIMEOUT
+    output_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ def checked_options(
     final: str | None,
     crash_points: int,
     timeout: float,
+    output_dir: Path | None = None,
 ) -> Options:
     """The options, or :class:`PreemptInputError` naming the first problem: before any launch."""
     if not command:
@@ -87,7 +90,30 @@ def checked_options(
     if not 0 < timeout <= 86400:
         raise PreemptInputError(f"--timeout {timeout:g}: give seconds from 0 to 86400")
     regex = step_lines.compiled(step_line or step_lines.DEFAULT_STEP_LINE)
-    return Options(tuple(command), regex, final, crash_points, timeout)
+    if output_dir is not None and (
+        output_dir.is_symlink()
+        or (output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())))
+    ):
+        raise PreemptInputError(
+            f"--output-dir {output_dir}: it exists and is not an empty directory: give a new one"
+        )
+    return Options(tuple(command), regex, final, crash_points, timeout, output_dir)
+
+
+def evidence(options: Options, outcome: Outcome) -> dict[str, object]:
+    """The canonical record of the check (:mod:`dcp_invariant.evidence.preempt.record`)."""
+    return record.build(
+        options.command,
+        options.step_line.pattern,
+        options.final,
+        options.crash_points,
+        options.timeout,
+        outcome.reference,
+        outcome.operations,
+        outcome.relaunches,
+        outcome.reasons,
+        outcome.varied,
+    )
 
 
 def check(options: Options, launches: Launches) -> Outcome:

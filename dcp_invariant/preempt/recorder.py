@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dcp_invariant.evidence.preempt.operations import Numbering, Operation, key
+from dcp_invariant.evidence.preempt.step_lines import steps
 from dcp_invariant.preempt import launch
-from dcp_invariant.preempt.operations import Numbering, Operation, key
-from dcp_invariant.preempt.step_lines import steps
 
 SOCKET_ENV = "DCP_INVARIANT_PREEMPT_SOCKET"
 ROOT_ENV = "DCP_INVARIANT_PREEMPT_ROOT"

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from dcp_invariant.preempt.operations import Numbering, Operation, chosen, intact_saves, key
+from dcp_invariant.evidence.preempt.operations import (
+    Numbering,
+    Operation,
+    chosen,
+    intact_saves,
+    key,
+)
 
 
 def ops(*lines: tuple[str, str, int]) -> list[Operation]:

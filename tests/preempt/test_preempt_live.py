@@ -6,18 +6,34 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+import dcp_invariant
 from dcp_invariant.evidence import diagnosis
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD")]
 
 JOBS = Path(__file__).resolve().parent.parent / "preempt_jobs"
+# The slower jobs (a torchrun job's launches each import torch three times; Trainer imports
+# transformers): marked real_loops, they run weekly with tests/suite/test_real_loops.py
+# (.github/workflows/newest-torch.yml), as `-m real_loops` names them. Every change runs the
+# others: one job that fails, one that passes, and the multi-rank one that must not cry wolf.
+MARKER = "real_loops"
+SLOW = pytest.mark.real_loops
 
 
-def preempt(tmp_path: Path, *job: str, points: int = 6) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(autouse=True)
+def _slow_runs_only_when_named(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker(MARKER) and MARKER not in request.config.option.markexpr:
+        pytest.skip(f"slow real job: runs with -m {MARKER}")
+
+
+def preempt(
+    tmp_path: Path, *job: str, points: int = 6, options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -30,6 +46,7 @@ def preempt(tmp_path: Path, *job: str, points: int = 6) -> subprocess.CompletedP
             "120",
             "--final",
             "final.pt" if "single_process.py" in " ".join(job) else "final",
+            *options,
             "--",
             *job,
         ],
@@ -50,26 +67,54 @@ def failures(stdout: str) -> tuple[list[str], list[str]]:
     return causes, points
 
 
-def test_a_torch_save_overwritten_in_place_cannot_resume(tmp_path: Path) -> None:
-    done = preempt(tmp_path, sys.executable, "single_process.py", "{run_dir}", "--save", "in_place")
-    assert done.returncode == 1, done.stdout + done.stderr
-    causes, points = failures(done.stdout)
-    assert len(causes) == 1 and causes[0].startswith(f"FAIL  {diagnosis.CANNOT_RESUME}: at "), (
-        causes
+def test_a_torch_save_overwritten_in_place_cannot_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through check_job(), the Python API: the job runs from the caller's directory."""
+    monkeypatch.chdir(JOBS)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    report = dcp_invariant.check_job(
+        [sys.executable, "single_process.py", "{run_dir}", "--save", "in_place"],
+        final="final.pt",
+        crash_points=6,
+        timeout=120,
     )
+    assert not report.passed, str(report)
+    failed = [p for p in report.points if p.reasons]
     # Cut short mid-write: the kills inside torch.save's writes are the ones that crash-loop.
-    assert points and all("(write ckpt.pt)" in p for p in points), points
-    assert "      | " in done.stdout  # the relaunch's own last lines
+    assert failed and all("(write ckpt.pt)" in p.name for p in failed), str(report)
+    assert all(
+        r.startswith(f"{diagnosis.CANNOT_RESUME}: killed before ")
+        for p in failed
+        for r in p.reasons
+    )
+    causes, points = failures(str(report))
+    assert len(causes) == 1 and len(points) == len(failed)
+    assert "      | " in str(report)  # the relaunch's own last lines
     # Its scratch is gone (the job's own caches, torch's inductor directory, are the job's).
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("dcp-invariant-")]
 
 
 def test_a_save_replaced_atomically_passes_at_every_point(tmp_path: Path) -> None:
-    done = preempt(tmp_path, sys.executable, "single_process.py", "{run_dir}", "--save", "atomic")
-    assert done.returncode == 0, done.stdout + done.stderr
-    (passed,) = [line for line in done.stdout.splitlines() if line.startswith("ok    ")]
+    """And its evidence is the same bytes in two runs, and verify derives the verdicts again."""
+    # One save: its rename is a crash point whatever the budget, and one point more.
+    job = (sys.executable, "single_process.py", "{run_dir}", "--save", "atomic", "--steps", "2")
+    evidence = [tmp_path / "first", tmp_path / "second"]
+    done = [preempt(tmp_path, *job, points=2, options=("--output-dir", str(e))) for e in evidence]
+    assert done[0].returncode == 0, done[0].stdout + done[0].stderr
+    (passed,) = [line for line in done[0].stdout.splitlines() if line.startswith("ok    ")]
     assert "(rename ckpt.pt.tmp -> ckpt.pt)" in passed
-    assert failures(done.stdout) == ([], [])
+    assert failures(done[0].stdout) == ([], [])
+    first, second = ((e / "preempt.json").read_bytes() for e in evidence)
+    assert first == second
+    assert str(tmp_path).encode() not in first  # no path: the command by its digest
+    verified = subprocess.run(
+        [sys.executable, "-m", "dcp_invariant", "verify", str(evidence[0])],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.splitlines()[-1].startswith("pass: ")
 
 
 TORCHRUN = [
@@ -83,9 +128,14 @@ TORCHRUN = [
     "127.0.0.1",
     "dcp_steps.py",
     "{run_dir}",
+    # One save (step 2) and the final one: the fewest launches that still leave a step-N
+    # without .metadata at a crash point, and a whole one beside it.
+    "--steps",
+    "2",
 ]
 
 
+@SLOW
 def test_a_torchrun_job_that_takes_a_step_folder_without_metadata_cannot_resume(
     tmp_path: Path,
 ) -> None:
@@ -102,6 +152,7 @@ def test_the_same_job_checking_for_metadata_resumes_at_every_point(tmp_path: Pat
     assert "ranks 0, 1" in done.stdout
 
 
+@SLOW
 @pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None, reason="needs the loops extra"
 )
@@ -109,7 +160,7 @@ def test_a_trainer_job_resuming_from_get_last_checkpoint_cannot_resume(tmp_path:
     """huggingface/transformers#35782: the newest checkpoint-N, half written, is taken."""
     done = subprocess.run(
         [
-            sys.executable, "-m", "dcp_invariant", "preempt", "--crash-points", "6",
+            sys.executable, "-m", "dcp_invariant", "preempt", "--crash-points", "4",
             "--timeout", "120", "--final", "final/model.safetensors", "--",
             sys.executable, "hf_trainer.py", "{run_dir}",
         ],

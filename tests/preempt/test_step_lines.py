@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dcp_invariant.errors import PreemptInputError
-from dcp_invariant.preempt import step_lines
+from dcp_invariant.evidence.preempt import step_lines
 
 DEFAULT = step_lines.compiled(step_lines.DEFAULT_STEP_LINE)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dcp_invariant.evidence import diagnosis
-from dcp_invariant.preempt.operations import Numbering, Operation
-from dcp_invariant.preempt.verdict import Relaunch, judged
+from dcp_invariant.evidence.preempt.operations import Numbering, Operation
+from dcp_invariant.evidence.preempt.verdict import Relaunch, judged
 
 REFERENCE = {1: ["a"], 2: ["b"], 3: ["c"], 4: ["d"]}
 

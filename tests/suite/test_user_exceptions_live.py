@@ -16,10 +16,8 @@ pytestmark = pytest.mark.live
     ("where", "raised", "exception"),
     [
         ("step", "keyboard_interrupt", "KeyboardInterrupt"),
-        ("step", "system_exit", "SystemExit"),
         ("step", "generator_exit", "GeneratorExit"),
         ("load_state_dict", "checkpoint_exception", "CheckpointException"),
-        ("load_state_dict", "keyboard_interrupt", "KeyboardInterrupt"),
     ],
 )
 def test_what_the_loop_raises_is_named_with_its_method(
@@ -39,7 +37,7 @@ def test_what_the_loop_raises_is_named_with_its_method(
 
 @pytest.mark.parametrize(
     ("raised", "exception"),
-    [("system_exit", "SystemExit"), ("checkpoint_exception", "CheckpointException")],
+    [("checkpoint_exception", "CheckpointException")],
 )
 def test_what_the_apps_own_load_raises_is_its_own(raised: str, exception: str) -> None:
     """Not ``a load error of kind 'another rank'``: the loop's CheckpointException is not DCP's."""

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from dcp_invariant.evidence.diagnosis import CANNOT_RESUME, LOST_CHECKPOINT, OTHER_RESULT
-from dcp_invariant.preempt import step_lines
-from dcp_invariant.preempt.operations import Operation, first_of_each_save, intact_saves
+from dcp_invariant.evidence.preempt import step_lines
+from dcp_invariant.evidence.preempt.operations import Operation, first_of_each_save, intact_saves
 
 
 class Relaunch(TypedDict):
