@@ -508,7 +508,11 @@ def test_bad_input_is_one_line_a_rank_on_both_attempts_and_writes_nothing(
     # write to one agent's output, so one rank's line may end on another's: split by message.
     log = "".join(p.read_text(errors="replace") for p in job.logs)
     said = re.findall(r"dcp-invariant: error: (.*?)(?=dcp-invariant: error:|\n|$)", log)
-    assert len(said) == 4, log  # two ranks, two attempts
+    # Both attempts refused with exit 2 (torchrun names each attempt's first failure). A rank
+    # may be stopped by the agent (SIGTERM, once its peer failed) before it says its line:
+    # seen under load, so two to four lines, each the one refusal.
+    assert log.count("failed (exitcode: 2)") == 2, log
+    assert 2 <= len(said) <= 4, log
     assert len(set(said)) == 1, said
     expected = "cannot import 'fixture_loop'" if bad == "misspelt fixture" else "evidence"
     assert expected in said[0], said
