@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from dcp_invariant import plan
 from dcp_invariant.errors import PreemptInputError
@@ -26,6 +27,9 @@ from dcp_invariant.evidence.preempt import operations, record, step_lines, verdi
 from dcp_invariant.evidence.preempt.operations import Operation
 from dcp_invariant.preempt import final_state, interposer
 from dcp_invariant.preempt.launch import RUN_DIR, Launch, Launches
+
+if TYPE_CHECKING:
+    from dcp_invariant.preempt import relaunch_server
 from dcp_invariant.preempt.recorder import Recorder
 
 DEFAULT_CRASH_POINTS = plan.PREEMPT_CRASH_POINTS
@@ -235,13 +239,17 @@ def _relaunch_all(
     taken: dict[tuple[str, int], Path],
     reference_dir: Path,
 ) -> tuple[dict[tuple[str, int], verdict.Relaunch], dict[tuple[str, int], list[str]]]:
+    server = _server_for(options, root) if taken else None
+
     def one(
         item: tuple[tuple[str, int], Path],
     ) -> tuple[tuple[str, int], verdict.Relaunch, list[str]]:
         point, state = item
-        done = launches.run(
-            options.command, state, state.parent / f"{state.name}.log", options.timeout
-        )
+        log = state.parent / f"{state.name}.log"
+        if server is not None:
+            done = launches.forked(server, options.command, state, log, options.timeout)
+        else:
+            done = launches.run(options.command, state, log, options.timeout)
         final = None
         if options.final is not None and done.exit_code == 0:
             final = final_state.first_difference(
@@ -251,12 +259,44 @@ def _relaunch_all(
         record: verdict.Relaunch = {"exit_code": done.exit_code, "steps": steps, "final": final}
         return point, record, done.tail
 
-    workers = max(
-        1, min(len(taken), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    )
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(one, sorted(taken.items(), key=lambda kv: str(kv[1]))))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(taken), _cores()))) as pool:
+            try:
+                results = list(pool.map(one, sorted(taken.items(), key=lambda kv: str(kv[1]))))
+            except BaseException:
+                # An interrupt: the pool's exit waits for its threads, each waiting for its
+                # launch, so the launches are killed first (the 2 s promise).
+                launches.stop_all()
+                raise
+    finally:
+        if server is not None:
+            server.close()
     return {k: r for k, r, _ in results}, {k: t for k, _, t in results}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _server_for(options: Options, root: Path) -> relaunch_server.Client | None:
+    """A server that forks each relaunch, for a ``python script.py ...`` command; None for any
+    other (``torchrun``, ``python -m``, a launcher script), which is launched afresh."""
+    program = shutil.which(options.command[0])
+    script = options.command[1] if len(options.command) > 1 else ""
+    if (
+        program is None
+        or not Path(program).name.startswith("python")
+        or script.startswith("-")
+        or not Path(script).is_file()
+    ):
+        return None
+    from dcp_invariant.preempt import relaunch_server
+
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        return relaunch_server.Client(program, environment, str(root), options.timeout)
+    except (OSError, RuntimeError, TimeoutError):
+        return None  # the relaunches start fresh interpreters instead, as slower as faithful
 
 
 def report(outcome: Outcome) -> tuple[list[str], int]:

@@ -18,6 +18,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dcp_invariant.preempt import relaunch_server
 
 RUN_DIR = "{run_dir}"
 # What a relaunch's failure shows of its output.
@@ -84,6 +88,34 @@ class Launches:
             proc.wait()
             with self._lock:
                 self._live.discard(proc.pid)
+        text = output.read_text(encoding="utf-8", errors="replace")
+        return Launch(code, text.splitlines())
+
+    def forked(
+        self,
+        server: relaunch_server.Client,
+        command: Sequence[str],
+        run_dir: Path,
+        output: Path,
+        timeout: float,
+    ) -> Launch:
+        """As :meth:`run`, the job forked by the relaunch server (``python script.py ...``)."""
+        argv = filled(command, run_dir)[1:]
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        output.touch()
+        with self._lock:
+            if self.stopping:
+                raise InterruptedError("the run is being interrupted")
+        pid, conn = server.start(argv, os.getcwd(), environment, str(output))
+        with self._lock:
+            self._live.add(pid)  # stop_all kills it: its keeper then answers at once
+        try:
+            code = server.wait(conn, timeout)
+            if code is None:
+                _kill_tree(pid)
+        finally:
+            with self._lock:
+                self._live.discard(pid)
         text = output.read_text(encoding="utf-8", errors="replace")
         return Launch(code, text.splitlines())
 

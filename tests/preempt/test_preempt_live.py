@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ JOBS = Path(__file__).resolve().parent.parent / "preempt_jobs"
 # The slower jobs (a torchrun job's launches each import torch three times; Trainer imports
 # transformers): marked real_loops, they run weekly with tests/suite/test_real_loops.py
 # (.github/workflows/newest-torch.yml), as `-m real_loops` names them. Every change runs the
-# others: one job that fails, one that passes, and the multi-rank one that must not cry wolf.
+# others: a job that fails, one that passes, and one whose relaunch must run as launched.
 MARKER = "real_loops"
 SLOW = pytest.mark.real_loops
 
@@ -32,8 +34,14 @@ def _slow_runs_only_when_named(request: pytest.FixtureRequest) -> None:
 
 
 def preempt(
-    tmp_path: Path, *job: str, points: int = 6, options: tuple[str, ...] = ()
+    tmp_path: Path,
+    *job: str,
+    points: int = 6,
+    options: tuple[str, ...] = (),
+    final: str | None = "",
 ) -> subprocess.CompletedProcess[str]:
+    if final == "":
+        final = "final.pt" if "single_process.py" in " ".join(job) else "final"
     return subprocess.run(
         [
             sys.executable,
@@ -44,8 +52,7 @@ def preempt(
             str(points),
             "--timeout",
             "120",
-            "--final",
-            "final.pt" if "single_process.py" in " ".join(job) else "final",
+            *(("--final", final) if final else ()),
             *options,
             "--",
             *job,
@@ -97,15 +104,28 @@ def test_a_torch_save_overwritten_in_place_cannot_resume(
 
 
 def test_a_save_replaced_atomically_passes_at_every_point(tmp_path: Path) -> None:
-    """And its evidence is the same bytes in two runs, and verify derives the verdicts again."""
-    # One save: its rename is a crash point whatever the budget, and one point more.
+    # One save: its rename is a crash point whatever the budget, and two points more.
     job = (sys.executable, "single_process.py", "{run_dir}", "--save", "atomic", "--steps", "2")
-    evidence = [tmp_path / "first", tmp_path / "second"]
-    done = [preempt(tmp_path, *job, points=2, options=("--output-dir", str(e))) for e in evidence]
-    assert done[0].returncode == 0, done[0].stdout + done[0].stderr
-    (passed,) = [line for line in done[0].stdout.splitlines() if line.startswith("ok    ")]
+    done = preempt(tmp_path, *job, points=3)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (passed,) = [line for line in done.stdout.splitlines() if line.startswith("ok    ")]
     assert "(rename ckpt.pt.tmp -> ckpt.pt)" in passed
-    assert failures(done[0].stdout) == ([], [])
+    assert failures(done.stdout) == ([], [])
+
+
+def test_a_relaunch_runs_the_script_as_a_fresh_launch_would(tmp_path: Path) -> None:
+    """Relaunches of `python script.py` are forked from a server that imported torch once:
+    argv, __name__, sys.path[0], the working directory and the environment must be as a fresh
+    launch sets them, or the job's step lines (a digest of them) would differ. Its evidence is
+    the same bytes in two checks, and verify derives the verdicts again from it."""
+    job = (sys.executable, "as_launched.py", "{run_dir}")
+    evidence = [tmp_path / "first", tmp_path / "second"]
+    done = [
+        preempt(tmp_path, *job, points=4, final=None, options=("--output-dir", str(e)))
+        for e in evidence
+    ]
+    assert done[0].returncode == 0, done[0].stdout + done[0].stderr
+    assert "ok    " in done[0].stdout and failures(done[0].stdout) == ([], [])
     first, second = ((e / "preempt.json").read_bytes() for e in evidence)
     assert first == second
     assert str(tmp_path).encode() not in first  # no path: the command by its digest
@@ -146,6 +166,7 @@ def test_a_torchrun_job_that_takes_a_step_folder_without_metadata_cannot_resume(
     assert points and all("step-" in p for p in points), points
 
 
+@SLOW
 def test_the_same_job_checking_for_metadata_resumes_at_every_point(tmp_path: Path) -> None:
     done = preempt(tmp_path, *TORCHRUN, "--check-metadata", points=4)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -173,3 +194,54 @@ def test_a_trainer_job_resuming_from_get_last_checkpoint_cannot_resume(tmp_path:
     assert points and all("checkpoint-" in p for p in points), points
     # The relaunch's own error: the checkpoint's trainer_state.json, written last, is missing.
     assert "| FileNotFoundError: " in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("signame", "after"),
+    [("SIGINT", 1.5), ("SIGTERM", 7.0)],
+    ids=["SIGINT in the first launch", "SIGTERM among the relaunches"],
+)
+def test_an_interrupt_stops_every_launch_within_two_seconds(
+    tmp_path: Path, signame: str, after: float
+) -> None:
+    """During the first uninterrupted launch, or while crash states are relaunched: exit 130 or
+    143, one line, no launch left running, no scratch left."""
+    marker = f"dcpi-preempt-test-{os.getpid()}-{signame}-{after}"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "dcp_invariant", "preempt", "--crash-points", "40",
+            "--", sys.executable, "slow_steps.py", "{run_dir}",
+        ],
+        cwd=JOBS, env={**os.environ, "TMPDIR": str(tmp_path), "DCPI_TEST_MARK": marker},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(after)
+        if sys.platform == "win32":
+            raise NotImplementedError
+        os.killpg(proc.pid, getattr(signal, signame))  # as a terminal or a runner's cancel
+        sent = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + getattr(signal, signame), stderr
+    assert stderr == "dcp-invariant: interrupted: nothing written\n"
+    assert took < 2.0, took
+    assert _carrying(marker) == []
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("dcp-invariant-")]
+
+
+def _carrying(marker: str) -> list[int]:
+    """The processes whose environment holds ``marker``: what the job started and left."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # it ended meanwhile
+    return found

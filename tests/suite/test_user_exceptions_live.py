@@ -16,7 +16,6 @@ pytestmark = pytest.mark.live
     ("where", "raised", "exception"),
     [
         ("step", "keyboard_interrupt", "KeyboardInterrupt"),
-        ("step", "generator_exit", "GeneratorExit"),
         ("load_state_dict", "checkpoint_exception", "CheckpointException"),
     ],
 )

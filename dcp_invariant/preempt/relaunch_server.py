@@ -1,0 +1,212 @@
+"""Relaunches of a ``python script.py ...`` job that do not pay for a fresh interpreter
+importing torch: a server that imported torch once forks each relaunch, which runs the script
+as ``python script.py`` would (``runpy.run_path`` under ``__main__``, ``sys.argv`` and
+``sys.path[0]`` as the interpreter sets them, the working directory and environment of the
+launch, its own session, its output to the launch's file).
+
+Not faithful where the job depends on what importing torch read before the fork: variables
+torch reads at import (``OMP_NUM_THREADS`` and the like) are the launch's own, as the server
+starts with the launch's environment; modules the server imported are not imported again.
+docs/preempt.md says so. The two uninterrupted launches, which every relaunch is judged
+against, are always fresh interpreters.
+
+Protocol, per relaunch, on a Unix socket: the tool sends one JSON line ``{"argv", "cwd",
+"env", "output"}``; the server forks a keeper, which forks the job, writes the job's PID, waits
+for it and writes its exit status (a negative signal number for a kill), and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+if sys.platform == "win32":  # fork and Unix sockets; preempt refuses other systems first
+    raise ImportError("preempt's relaunch server runs on Linux")
+
+SERVER_CODE = """
+import sys
+base = [p for p in sys.path if p != ""]
+sys.path.insert(0, {package_root!r})
+from dcp_invariant.preempt.relaunch_server import serve
+serve({socket_path!r}, base)
+"""
+
+
+def serve(socket_path: str, base_path: list[str]) -> None:
+    """The server's main: import torch, then fork a keeper per request until the tool hangs up."""
+    import contextlib
+    import signal
+
+    # What every relaunch would import again; a job without torch still saves the start.
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(16)
+    print("ready", flush=True)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            request = json.loads(conn.makefile("rb").readline())
+            if request.get("stop"):
+                return
+            if os.fork() == 0:
+                listener.close()
+                request["base_path"] = base_path
+                _keep(conn, request)  # never returns
+
+
+def _keep(conn: socket.socket, request: dict[str, Any]) -> None:
+    """The keeper: fork the job, say its PID, wait for it, say how it ended, exit."""
+    import signal
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _run_job(request)  # never returns
+    conn.sendall(f"{pid}\n".encode())
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    try:
+        conn.sendall(f"{code}\n".encode())
+    finally:
+        os._exit(0)
+
+
+def _run_job(request: dict[str, Any]) -> None:
+    """The job, as ``python script.py args`` would run it in the launch's directory."""
+    import runpy
+    import signal
+    import traceback
+
+    os.setsid()  # its own session and group, as a fresh launch's: killed whole
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    fd = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    script = request["argv"][0]
+    sys.argv = list(request["argv"])
+    # As `python script.py` sets it: the script's directory, then the interpreter's own path
+    # (the server's, without the "" that -c put first and the package it was started with).
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *request["base_path"]]
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:  # the job's own failure, shown as the interpreter shows it
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)  # finalization and atexit handlers run, as at a fresh launch's end
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter exits with for ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+class Client:
+    """The tool's end: the server started with ``python`` and ``env``, and one relaunch at a
+    time per call to :meth:`run` (several threads may call it at once)."""
+
+    def __init__(self, python: str, env: dict[str, str], directory: str, timeout: float) -> None:
+        import subprocess
+        import tempfile
+        from pathlib import Path
+
+        import dcp_invariant
+
+        # AF_UNIX paths stop at 108 bytes: a long TMPDIR cannot hold the socket.
+        short = "/tmp" if len(directory) > 80 and os.path.isdir("/tmp") else directory
+        self._sockets = tempfile.mkdtemp(prefix="dcpi-", dir=short)
+        self.socket_path = os.path.join(self._sockets, "relaunch")
+        root = str(Path(dcp_invariant.__file__).resolve().parent.parent)
+        code = SERVER_CODE.format(package_root=root, socket_path=self.socket_path)
+        self.process = subprocess.Popen(
+            [python, "-c", code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        assert self.process.stdout is not None
+        ready = _read_line(self.process.stdout.fileno(), timeout)
+        if ready != "ready":
+            self.close()
+            raise RuntimeError("the relaunch server did not start")
+
+    def start(
+        self, argv: list[str], cwd: str, env: dict[str, str], output: str
+    ) -> tuple[int, socket.socket]:
+        """Start the job: its PID (to kill it), and the connection :meth:`wait` reads."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.socket_path)
+        request = {"argv": argv, "cwd": cwd, "env": env, "output": output}
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        try:
+            return int(_read_line(conn.fileno(), 60.0)), conn
+        except BaseException:
+            conn.close()
+            raise
+
+    @staticmethod
+    def wait(conn: socket.socket, timeout: float) -> int | None:
+        """The job's exit status (a negative signal number for a kill); None past ``timeout``."""
+        with conn:
+            try:
+                return int(_read_line(conn.fileno(), timeout))
+            except (TimeoutError, ValueError):  # ValueError: the keeper died without a word
+                return None
+
+    def close(self) -> None:
+        import contextlib
+        import shutil
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):  # it ended already
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        shutil.rmtree(self._sockets, ignore_errors=True)
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    """One line from ``fd`` within ``timeout`` seconds: TimeoutError after that."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    data = b""
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError("no answer in time")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode().strip()
