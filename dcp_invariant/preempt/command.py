@@ -239,7 +239,7 @@ def _relaunch_all(
     taken: dict[tuple[str, int], Path],
     reference_dir: Path,
 ) -> tuple[dict[tuple[str, int], verdict.Relaunch], dict[tuple[str, int], list[str]]]:
-    server = _server_for(options, root) if taken else None
+    server: relaunch_server.Client | None = None
 
     def one(
         item: tuple[tuple[str, int], Path],
@@ -260,6 +260,7 @@ def _relaunch_all(
         return point, record, done.tail
 
     try:
+        server = _server_for(options, root) if taken else None
         with ThreadPoolExecutor(max_workers=max(1, min(len(taken), _cores()))) as pool:
             try:
                 results = list(pool.map(one, sorted(taken.items(), key=lambda kv: str(kv[1]))))

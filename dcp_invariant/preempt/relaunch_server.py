@@ -31,12 +31,13 @@ import sys
 base = [p for p in sys.path if p != ""]
 sys.path.insert(0, {package_root!r})
 from dcp_invariant.preempt.relaunch_server import serve
-serve({socket_path!r}, base)
+serve({socket_path!r}, base, {tool})
 """
 
 
-def serve(socket_path: str, base_path: list[str]) -> None:
+def serve(socket_path: str, base_path: list[str], tool: int) -> None:
     """The server's main: import torch, then fork a keeper per request until the tool hangs up."""
+    _die_with(tool)
     import contextlib
     import signal
 
@@ -58,9 +59,11 @@ def serve(socket_path: str, base_path: list[str]) -> None:
             request = json.loads(conn.makefile("rb").readline())
             if request.get("stop"):
                 return
+            server = os.getpid()
             if os.fork() == 0:
                 listener.close()
                 request["base_path"] = base_path
+                request["server"] = server
                 _keep(conn, request)  # never returns
 
 
@@ -69,9 +72,12 @@ def _keep(conn: socket.socket, request: dict[str, Any]) -> None:
     import signal
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _die_with(request["server"])
+    keeper = os.getpid()
     pid = os.fork()
     if pid == 0:
         conn.close()
+        _die_with(keeper)  # a job in a session of its own is not in the server's group
         _run_job(request)  # never returns
     conn.sendall(f"{pid}\n".encode())
     _, status = os.waitpid(pid, 0)
@@ -119,6 +125,18 @@ def _run_job(request: dict[str, Any]) -> None:
     sys.exit(code)  # finalization and atexit handlers run, as at a fresh launch's end
 
 
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when ``parent`` dies (``PR_SET_PDEATHSIG``, Linux): the
+    tool, the server or a keeper killed leaves no job running. A parent gone before the call
+    has handed this process on already: it exits at once."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _exit_code(code: object) -> int:
     """What the interpreter exits with for ``sys.exit(code)``."""
     if code is None:
@@ -145,7 +163,7 @@ class Client:
         self._sockets = tempfile.mkdtemp(prefix="dcpi-", dir=short)
         self.socket_path = os.path.join(self._sockets, "relaunch")
         root = str(Path(dcp_invariant.__file__).resolve().parent.parent)
-        code = SERVER_CODE.format(package_root=root, socket_path=self.socket_path)
+        code = SERVER_CODE.format(package_root=root, socket_path=self.socket_path, tool=os.getpid())
         self.process = subprocess.Popen(
             [python, "-c", code],
             stdin=subprocess.DEVNULL,
@@ -155,7 +173,11 @@ class Client:
             start_new_session=True,
         )
         assert self.process.stdout is not None
-        ready = _read_line(self.process.stdout.fileno(), timeout)
+        try:
+            ready = _read_line(self.process.stdout.fileno(), timeout)
+        except BaseException:  # an interrupt while it starts: it must not outlive the tool
+            self.close()
+            raise
         if ready != "ready":
             self.close()
             raise RuntimeError("the relaunch server did not start")
