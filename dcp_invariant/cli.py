@@ -223,6 +223,21 @@ def _add_preempt(sub: Subparsers) -> None:
         help=f"seconds each launch may take (default {plan.PREEMPT_TIMEOUT:g})",
     )
     preempt.add_argument(
+        "--sigterm-points",
+        type=int,
+        default=plan.PREEMPT_SIGTERM_POINTS,
+        metavar="N",
+        help=f"points where the job gets SIGTERM, then SIGKILL after --grace, each a launch of "
+        f"its own (default {plan.PREEMPT_SIGTERM_POINTS}; 0: none)",
+    )
+    preempt.add_argument(
+        "--grace",
+        type=float,
+        default=plan.PREEMPT_GRACE,
+        metavar="SECONDS",
+        help=f"seconds between SIGTERM and SIGKILL (default {plan.PREEMPT_GRACE:g}, as Kubernetes)",
+    )
+    preempt.add_argument(
         "--output-dir",
         type=Path,
         help="where the evidence (preempt.json) goes: a new or empty directory; "
@@ -237,7 +252,14 @@ def _preempt(args: argparse.Namespace) -> int:
 
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
     options = command.checked_options(
-        job, args.step_line, args.final, args.crash_points, args.timeout, args.output_dir
+        job,
+        args.step_line,
+        args.final,
+        args.crash_points,
+        args.timeout,
+        args.output_dir,
+        args.sigterm_points,
+        args.grace,
     )
     launches = Launches()
     try:
@@ -332,13 +354,13 @@ def _add_action_inputs(sub: Subparsers) -> None:
     command = sub.add_parser(
         "action-inputs",
         help="check the composite action's inputs (from DCPI_<INPUT> variables) before anything "
-        "is installed; write run's arguments and the normalised values",
+        "is installed; write run's (or preempt's) arguments and the normalised values",
     )
     command.add_argument(
         "--arguments-file",
         required=True,
         type=Path,
-        help="where run's arguments are written, one a line",
+        help="where run's (or preempt's) arguments are written, one a line",
     )
     _add_output_file(command)
 
@@ -516,7 +538,7 @@ def _action_inputs(args: argparse.Namespace) -> int:
     }
     checked = action_inputs.check(inputs, run_plan_of)
     # One argument a line: none holds a line break (action_inputs checks the free-form ones).
-    lines = "".join(f"{argument}\n" for argument in checked.run_arguments)
+    lines = "".join(f"{argument}\n" for argument in checked.arguments)
     try:
         with open(args.arguments_file, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(lines)

@@ -274,6 +274,10 @@ DEFAULT_TIMEOUT = 180.0
 # (a real job's run, so far above a worker group's).
 PREEMPT_CRASH_POINTS = 32
 PREEMPT_TIMEOUT = 600.0
+# SIGTERM points (each a launch of its own) and the seconds between SIGTERM and SIGKILL: 30 is
+# Kubernetes' default terminationGracePeriodSeconds.
+PREEMPT_SIGTERM_POINTS = 3
+PREEMPT_GRACE = 30.0
 MAX_TIMEOUT = 86400.0
 # "in_job": the user's own torchrun job runs the checks at its world size, across nodes
 # (dcp_invariant/suite/torchrun/in_job.py).

@@ -423,8 +423,9 @@ def source_revision_of(given: str | None, name: str = "source_revision") -> str:
 
 @dataclass(frozen=True)
 class CrashPoint:
-    """One crash point of :func:`check_job`: where the job was killed (``name``: process,
-    operation number and kind, path, steps printed), and why its relaunch fails, if it does."""
+    """One crash point of :func:`check_job`: how and where the job was stopped (``name``: the
+    signal, then the process, operation number and kind, path, steps printed), and why its
+    relaunch fails, if it does."""
 
     name: str
     reasons: tuple[str, ...]
@@ -452,6 +453,8 @@ def check_job(
     crash_points: int = plan.PREEMPT_CRASH_POINTS,
     timeout: float = plan.PREEMPT_TIMEOUT,
     output_dir: str | os.PathLike[str] | None = None,
+    sigterm_points: int = plan.PREEMPT_SIGTERM_POINTS,
+    grace: float = plan.PREEMPT_GRACE,
 ) -> JobReport:
     """``dcp-invariant preempt`` from Python: your own training command (``{run_dir}`` in it),
     killed at the points of its own saves and relaunched; docs/preempt.md says how.
@@ -467,9 +470,18 @@ def check_job(
 
     _require("crash_points", crash_points, "an int", type(crash_points) is int)
     _require("timeout", timeout, "a number of seconds", _is_number(timeout))
+    _require("sigterm_points", sigterm_points, "an int", type(sigterm_points) is int)
+    _require("grace", grace, "a number of seconds", _is_number(grace))
     argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
     options = preempt.checked_options(
-        argv, step_line, final, crash_points, timeout, _path_argument("output_dir", output_dir)
+        argv,
+        step_line,
+        final,
+        crash_points,
+        timeout,
+        _path_argument("output_dir", output_dir),
+        sigterm_points,
+        float(grace),
     )
     launches = Launches()
     try:
@@ -483,15 +495,13 @@ def check_job(
 
         record.write(options.output_dir, preempt.evidence(options, outcome))
         evidence = options.output_dir / record.PREEMPT_FILE
-    by_point = {(o.rank, o.index): o for o in outcome.operations}
-    points = tuple(
-        CrashPoint(by_point[k].name, tuple(outcome.reasons[k]))
-        for k in sorted(outcome.reasons, key=lambda k: outcome.operations.index(by_point[k]))
+    points = tuple(  # the reasons are in the order the job made the operations
+        CrashPoint(outcome.described(k), tuple(reasons)) for k, reasons in outcome.reasons.items()
     )
     return JobReport(
         passed=code == 0,
         points=points,
-        skipped=tuple(p.name for p in outcome.varied),
+        skipped=tuple(outcome.described(p) for p in outcome.varied),
         evidence=evidence,
         lines=tuple(lines),
     )

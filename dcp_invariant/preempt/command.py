@@ -5,7 +5,9 @@ relaunched on what each kill left, judged against its uninterrupted run.
    crash points are chosen from that list, and the second stops at each one and copies the run
    directory as it stands. The two must agree (step lines, final state), or nothing can be
    judged: bad input.
-2. Each crash state is relaunched with the same command, in parallel where cores are free,
+2. Each SIGTERM point is a launch of its own, signalled before its operation and killed once
+   the grace period is over (:mod:`.recorder`); what it left is its crash state.
+3. Each crash state is relaunched with the same command, in parallel where cores are free,
    and judged (:mod:`.verdict`).
 """
 
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 from dcp_invariant import plan
 from dcp_invariant.errors import PreemptInputError
 from dcp_invariant.evidence.preempt import operations, record, step_lines, verdict
-from dcp_invariant.evidence.preempt.operations import Operation
+from dcp_invariant.evidence.preempt.operations import Operation, Point
 from dcp_invariant.preempt import final_state, interposer
 from dcp_invariant.preempt.launch import RUN_DIR, Launch, Launches
 
@@ -34,6 +36,8 @@ from dcp_invariant.preempt.recorder import Recorder
 
 DEFAULT_CRASH_POINTS = plan.PREEMPT_CRASH_POINTS
 DEFAULT_TIMEOUT = plan.PREEMPT_TIMEOUT
+DEFAULT_SIGTERM_POINTS = plan.PREEMPT_SIGTERM_POINTS
+DEFAULT_GRACE = plan.PREEMPT_GRACE
 
 
 @dataclass(frozen=True)
@@ -44,19 +48,26 @@ class Options:
     crash_points: int = DEFAULT_CRASH_POINTS
     timeout: float = DEFAULT_TIMEOUT
     output_dir: Path | None = None
+    sigterm_points: int = DEFAULT_SIGTERM_POINTS
+    grace: float = DEFAULT_GRACE
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """The checked job: its uninterrupted steps, its operations, and each crash point's
-    relaunch and reasons (empty: it passed)."""
+    """The checked job: its uninterrupted steps, its operations, each crash point's relaunch
+    and reasons (empty: it passed), and the points whose state was not one state of the job."""
 
     reference: dict[int, list[str]]
     operations: list[Operation]
-    relaunches: dict[tuple[str, int], verdict.Relaunch]
-    reasons: dict[tuple[str, int], list[str]]
-    varied: list[Operation]
-    tails: dict[tuple[str, int], list[str]]
+    relaunches: dict[Point, verdict.Relaunch]
+    reasons: dict[Point, list[str]]
+    varied: dict[Point, str]  # why each was not judged
+    tails: dict[Point, list[str]]
+    grace: float
+
+    def described(self, point: Point) -> str:
+        by_key = {operations.key(o): o for o in self.operations}
+        return operations.described(point[0], by_key[point[1:]], self.grace)
 
 
 def checked_options(
@@ -66,6 +77,8 @@ def checked_options(
     crash_points: int,
     timeout: float,
     output_dir: Path | None = None,
+    sigterm_points: int = DEFAULT_SIGTERM_POINTS,
+    grace: float = DEFAULT_GRACE,
 ) -> Options:
     """The options, or :class:`PreemptInputError` naming the first problem: before any launch."""
     if not command:
@@ -93,6 +106,10 @@ def checked_options(
         raise PreemptInputError(f"--crash-points {crash_points}: give a positive number")
     if not 0 < timeout <= 86400:
         raise PreemptInputError(f"--timeout {timeout:g}: give seconds from 0 to 86400")
+    if sigterm_points < 0:
+        raise PreemptInputError(f"--sigterm-points {sigterm_points}: give 0 or more")
+    if not 0 <= grace <= 3600:
+        raise PreemptInputError(f"--grace {grace:g}: give seconds from 0 to 3600")
     regex = step_lines.compiled(step_line or step_lines.DEFAULT_STEP_LINE)
     if output_dir is not None and (
         output_dir.is_symlink()
@@ -101,7 +118,9 @@ def checked_options(
         raise PreemptInputError(
             f"--output-dir {output_dir}: it exists and is not an empty directory: give a new one"
         )
-    return Options(tuple(command), regex, final, crash_points, timeout, output_dir)
+    return Options(
+        tuple(command), regex, final, crash_points, timeout, output_dir, sigterm_points, grace
+    )
 
 
 def evidence(options: Options, outcome: Outcome) -> dict[str, object]:
@@ -112,11 +131,13 @@ def evidence(options: Options, outcome: Outcome) -> dict[str, object]:
         options.final,
         options.crash_points,
         options.timeout,
+        options.sigterm_points,
+        options.grace,
         outcome.reference,
         outcome.operations,
         outcome.relaunches,
         outcome.reasons,
-        outcome.varied,
+        list(outcome.varied),
     )
 
 
@@ -131,13 +152,20 @@ def check(options: Options, launches: Launches) -> Outcome:
         second = _instrumented(options, launches, library, root / "second", chosen)
         _agree(options, first, second)
         varied = _varied(first.operations, second.operations, points)
-        taken = {
-            k: p for k, p in second.taken.items() if k not in {operations.key(v) for v in varied}
-        }
-        reference = first.steps
-        relaunches, tails = _relaunch_all(options, launches, root, taken, first.run_dir)
-    reasons = verdict.judged(first.operations, relaunches, reference, options.timeout)
-    return Outcome(reference, first.operations, relaunches, reasons, varied, tails)
+        states: dict[Point, Path] = {}
+        for taken, state in second.taken.items():
+            killed = operations.point("kill", taken)
+            if killed not in varied:
+                states[killed] = state
+        terms = operations.terminated(first.operations, options.sigterm_points)
+        signalled, unjudged = _terminated_all(options, launches, library, root, terms)
+        states |= signalled
+        varied |= unjudged
+        relaunches, tails = _relaunch_all(options, launches, root, states, first.run_dir)
+    reasons = verdict.judged(
+        first.operations, relaunches, first.steps, options.timeout, options.grace
+    )
+    return Outcome(first.steps, first.operations, relaunches, reasons, varied, tails, options.grace)
 
 
 @dataclass
@@ -156,26 +184,73 @@ def _instrumented(
     root: Path,
     chosen: set[tuple[str, int]] | None,
 ) -> _Run:
-    run_dir = root / "run"
-    run_dir.mkdir(parents=True)
-    output = root / "output.log"
-    output.touch()
     snapshots = root / "states"
-    snapshots.mkdir()
+    snapshots.mkdir(parents=True)
+    run_dir, output = root / "run", root / "output.log"
     recorder = Recorder(root, run_dir, output, options.step_line, chosen, snapshots)
-    with recorder.serving():
-        done = launches.run(
-            options.command,
-            run_dir,
-            output,
-            options.timeout,
-            env=recorder.environment(library),
-            started=lambda pid: setattr(recorder, "leader", pid),
-        )
+    done = _launched(options, launches, library, recorder)
     steps = step_lines.steps(done.lines, options.step_line)
     run = _Run(run_dir, done, steps, recorder.operations, recorder.taken)
     _usable(options, run)
     return run
+
+
+def _launched(options: Options, launches: Launches, library: Path, recorder: Recorder) -> Launch:
+    """One launch of the command under the interposer, heard by ``recorder``."""
+    recorder.run_dir.mkdir(parents=True)
+    recorder.output.touch()
+    with recorder.serving():
+        return launches.run(
+            options.command,
+            recorder.run_dir,
+            recorder.output,
+            options.timeout,
+            env=recorder.environment(library),
+            started=lambda pid: setattr(recorder, "leader", pid),
+        )
+
+
+def _terminated_all(
+    options: Options,
+    launches: Launches,
+    library: Path,
+    root: Path,
+    points: Sequence[Operation],
+) -> tuple[dict[Point, Path], dict[Point, str]]:
+    """Each SIGTERM point's launch, in parallel where cores are free: the states they left,
+    and the points not judged, with why."""
+
+    def one(numbered: tuple[int, Operation]) -> tuple[Point, Path, str | None]:
+        number, operation = numbered
+        at = root / f"sigterm-{number:03d}"
+        at.mkdir()
+        recorder = Recorder(
+            at,
+            at / "run",
+            at / "output.log",
+            options.step_line,
+            terminate=operations.key(operation),
+            grace=options.grace,
+        )
+        _launched(options, launches, library, recorder)
+        why = None
+        if not recorder.terminated:
+            why = "the launch did not reach this operation alike, so it was never signalled"
+        elif recorder.outlived_grace:
+            why = (
+                f"the job was still running {options.grace:g} s after SIGTERM, so where SIGKILL "
+                "found it is chance (the SIGKILL points cover such states)"
+            )
+        return operations.point("term", operation), recorder.run_dir, why
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(points), _cores()))) as pool:
+        try:
+            results = list(pool.map(one, enumerate(points)))
+        except BaseException:
+            launches.stop_all()  # as in _relaunch_all: an interrupt kills the launches first
+            raise
+    states = {p: state for p, state, why in results if why is None}
+    return states, {p: why for p, _, why in results if why is not None}
 
 
 def _usable(options: Options, run: _Run) -> None:
@@ -225,25 +300,27 @@ def _agree(options: Options, first: _Run, second: _Run) -> None:
 
 def _varied(
     first: Sequence[Operation], second: Sequence[Operation], points: Sequence[Operation]
-) -> list[Operation]:
+) -> dict[Point, str]:
     """The chosen points whose operation the second launch did not make alike: their state is
     not one state of the job, so they are recorded and not judged."""
     seconds = {operations.key(o): o for o in second}
-    return [p for p in points if seconds.get(operations.key(p)) != p]
+    return {
+        operations.point("kill", p): "the second run did not make this operation alike"
+        for p in points
+        if seconds.get(operations.key(p)) != p
+    }
 
 
 def _relaunch_all(
     options: Options,
     launches: Launches,
     root: Path,
-    taken: dict[tuple[str, int], Path],
+    taken: dict[Point, Path],
     reference_dir: Path,
-) -> tuple[dict[tuple[str, int], verdict.Relaunch], dict[tuple[str, int], list[str]]]:
+) -> tuple[dict[Point, verdict.Relaunch], dict[Point, list[str]]]:
     server: relaunch_server.Client | None = None
 
-    def one(
-        item: tuple[tuple[str, int], Path],
-    ) -> tuple[tuple[str, int], verdict.Relaunch, list[str]]:
+    def one(item: tuple[Point, Path]) -> tuple[Point, verdict.Relaunch, list[str]]:
         point, state = item
         log = state.parent / f"{state.name}.log"
         if server is not None:
@@ -309,30 +386,26 @@ def report(outcome: Outcome) -> tuple[list[str], int]:
         f"{len(outcome.relaunches)} crash points relaunched; the uninterrupted run reached "
         f"step {max(outcome.reference)}"
     ]
-    by_cause: dict[str, list[tuple[tuple[str, int], str]]] = {}
-    passed: list[Operation] = []
-    for point in ops:
-        key = operations.key(point)
-        if key not in outcome.reasons:
-            continue
-        if not outcome.reasons[key]:
+    by_cause: dict[str, list[tuple[Point, str]]] = {}
+    passed: list[Point] = []
+    for point, reasons in outcome.reasons.items():  # in the order the job made them
+        if not reasons:
             passed.append(point)
-        for reason in outcome.reasons[key]:
+        for reason in reasons:
             cause, _, rest = reason.partition(": ")
-            by_cause.setdefault(cause, []).append((key, rest))
+            by_cause.setdefault(cause, []).append((point, rest))
     for cause, seen in by_cause.items():
-        lines.append(f"FAIL  {cause}: at {len(seen)} of {len(outcome.reasons)} crash points")
+        at = len({point for point, _ in seen})
+        lines.append(f"FAIL  {cause}: at {at} of {len(outcome.reasons)} crash points")
         lines += [f"      - {rest}" for _, rest in seen]
         first = seen[0][0]
         if outcome.relaunches[first]["exit_code"] != 0:
             lines.append("      the first relaunch's last lines:")
             lines += [f"      | {line[:200]}" for line in outcome.tails.get(first, [])[-5:]]
     if passed:
-        lines.append(f"ok    {len(passed)} crash points: " + "; ".join(p.name for p in passed))
-    lines += [
-        f"skip  killed before {p.name}: the second run did not make this operation alike"
-        for p in outcome.varied
-    ]
+        named = "; ".join(outcome.described(p) for p in passed)
+        lines.append(f"ok    {len(passed)} crash points: {named}")
+    lines += [f"skip  {outcome.described(p)}: {why}" for p, why in outcome.varied.items()]
     failed = len(outcome.reasons) - len(passed)
     lines.append(f"summary: {len(passed)} passed, {failed} failed")
     return lines, 1 if failed else 0

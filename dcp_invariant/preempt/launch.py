@@ -84,7 +84,7 @@ class Launches:
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            _kill_tree(proc.pid)
+            kill_tree(proc.pid)
             proc.wait()
             with self._lock:
                 self._live.discard(proc.pid)
@@ -112,7 +112,7 @@ class Launches:
         try:
             code = server.wait(conn, timeout)
             if code is None:
-                _kill_tree(pid)
+                kill_tree(pid)
         finally:
             with self._lock:
                 self._live.discard(pid)
@@ -124,10 +124,10 @@ class Launches:
             self.stopping = True
             live = list(self._live)
         for pid in live:
-            _kill_tree(pid)
+            kill_tree(pid)
 
 
-def _kill_tree(leader: int) -> None:
+def kill_tree(leader: int) -> None:
     """Kill the launch's process group and every process descended from its leader (a
     launcher's ranks may start sessions of their own)."""
     if sys.platform == "win32":  # refused before any launch: interposer.library()

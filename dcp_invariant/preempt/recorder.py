@@ -6,6 +6,12 @@ Each operation waits for the tool's answer, so the state taken is exactly "every
 operation done, this one not" for the process that reports it; the job's other processes are
 stopped (SIGSTOP takes effect between system calls) while the copy is made, so what is copied
 is one instant's state, never a mixture.
+
+At a SIGTERM point it instead sends SIGTERM to the launch's leader just before the operation
+goes on, as a scheduler signals a job's first process (Kubernetes: the container's PID 1;
+torchrun passes it on to its ranks), and SIGKILLs every process of the launch once the grace
+period is over; when the leader exits first, the launch's end kills the rest, as a container's
+end does.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ ROOT_ENV = "DCP_INVARIANT_PREEMPT_ROOT"
 
 class Recorder:
     """Serves one instrumented launch: its operations in order, and the crash states taken
-    at ``chosen`` (keys of :func:`.operations.key`) into ``snapshots``."""
+    at ``chosen`` (keys of :func:`.operations.key`) into ``snapshots``; or, with ``terminate``,
+    SIGTERM before that operation and SIGKILL ``grace`` seconds later."""
 
     def __init__(
         self,
@@ -43,6 +50,8 @@ class Recorder:
         regex: re.Pattern[str],
         chosen: set[tuple[str, int]] | None = None,
         snapshots: Path | None = None,
+        terminate: tuple[str, int] | None = None,
+        grace: float = 0.0,
     ) -> None:
         self.operations: list[Operation] = []
         self.taken: dict[tuple[str, int], Path] = {}
@@ -50,7 +59,7 @@ class Recorder:
         # socket, so it lives in a short directory of its own (/tmp), removed with the server.
         self._sockets = Path(tempfile.mkdtemp(prefix="dcpi-", dir=_short_parent(directory)))
         self._path = self._sockets / "ops"
-        self._run_dir, self._output, self._regex = run_dir, output, regex
+        self.run_dir, self.output, self._regex = run_dir, output, regex
         self._chosen, self._snapshots = chosen or set(), snapshots
         self._numbering = Numbering()
         self._lock = threading.Lock()
@@ -58,6 +67,10 @@ class Recorder:
         self._partial = ""
         self._last_step = 0
         self.leader: int | None = None
+        self._terminate, self._grace = terminate, grace
+        self.terminated = False  # the SIGTERM was sent
+        self.outlived_grace = False
+        self._killer: threading.Timer | None = None
         if sys.platform == "win32":  # refused before any launch: interposer.library()
             raise NotImplementedError("preempt runs on Linux")
         self._server: socket.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -69,7 +82,7 @@ class Recorder:
         return {
             "LD_PRELOAD": f"{library} {preload}".strip(),
             SOCKET_ENV: str(self._path),
-            ROOT_ENV: str(self._run_dir),
+            ROOT_ENV: str(self.run_dir),
         }
 
     @contextmanager
@@ -79,6 +92,8 @@ class Recorder:
         try:
             yield
         finally:
+            if self._killer is not None:
+                self._killer.cancel()
             self._server.close()
             shutil.rmtree(self._sockets, ignore_errors=True)
 
@@ -92,12 +107,12 @@ class Recorder:
 
     def _serve(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rb") as lines:
-            for raw in lines:
-                self._heard(raw.decode("utf-8", errors="replace"))
-                try:
+            try:
+                for raw in lines:
+                    self._heard(raw.decode("utf-8", errors="replace"))
                     conn.sendall(b"k")
-                except OSError:
-                    return  # the process died
+            except (ConnectionResetError, BrokenPipeError):
+                return  # the process was killed: a crash point's SIGTERM or SIGKILL
 
     def _heard(self, line: str) -> None:
         with self._lock:
@@ -107,10 +122,28 @@ class Recorder:
             self.operations.append(operation)
             if key(operation) in self._chosen and self._snapshots is not None:
                 self._take(operation)
+            if key(operation) == self._terminate and not self.terminated:
+                self._signal_leader()
+
+    def _signal_leader(self) -> None:
+        """SIGTERM now, before the operation is answered, so the job's handler runs as soon as
+        the operation returns; SIGKILL for every process once the grace period is over."""
+        assert self.leader is not None
+        if sys.platform == "win32":  # refused before any launch: interposer.library()
+            raise NotImplementedError("preempt runs on Linux")
+        self.terminated = True
+        _signal(self.leader, signal.SIGTERM)
+        self._killer = threading.Timer(self._grace, self._kill, (self.leader,))
+        self._killer.daemon = True
+        self._killer.start()
+
+    def _kill(self, leader: int) -> None:
+        self.outlived_grace = True  # where it was killed then is an instant's chance
+        launch.kill_tree(leader)
 
     def _steps_printed(self) -> int:
         """The last step the job has printed, read from its output as it stands now."""
-        with self._output.open("rb") as file:
+        with self.output.open("rb") as file:
             file.seek(self._seen)
             new = file.read()
         self._seen += len(new)
@@ -131,7 +164,7 @@ class Recorder:
         try:
             launch.stopped(pids)
             target = self._snapshots / f"{len(self.taken):05d}"
-            shutil.copytree(self._run_dir, target, symlinks=True)
+            shutil.copytree(self.run_dir, target, symlinks=True)
             self.taken[key(operation)] = target
         finally:
             for pid in pids:

@@ -8,6 +8,7 @@ from dcp_invariant.evidence.preempt.operations import (
     chosen,
     intact_saves,
     key,
+    terminated,
 )
 
 
@@ -72,3 +73,23 @@ def test_a_directory_renamed_into_place_stays_whole_under_its_new_name() -> None
     rename = Operation("main", "rename", "tmp", "step-2", 99, 2)
     operations = [*operations[:3], rename, operations[3]]
     assert intact_saves(operations, operations[4]) == [2]
+
+
+def test_sigterm_points_are_save_starts_and_middles_within_their_budget() -> None:
+    operations = ops(
+        ("write", "log", 0), *atomic_save(2), *atomic_save(4), *atomic_save(6), *atomic_save(8)
+    )
+    every = terminated(operations, 99)
+    # Saves after the first: where each begins and its middle (the fsync is heard, never a
+    # point: the middle of what remains is the write).
+    assert [(o.op, o.steps_before) for o in every] == [
+        (op, step) for step in (2, 4, 6, 8) for op in ("truncate-open", "write")
+    ]
+    three = terminated(operations, 3)
+    assert [(o.op, o.steps_before) for o in three] == [
+        ("truncate-open", 2),
+        ("truncate-open", 6),
+        ("write", 8),
+    ]
+    assert terminated(operations, 1) == [every[-1]]  # the last save's, always
+    assert terminated(operations, 0) == []

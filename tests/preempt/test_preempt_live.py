@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,15 +87,17 @@ def test_a_torch_save_overwritten_in_place_cannot_resume(
         final="final.pt",
         crash_points=6,
         timeout=120,
+        sigterm_points=1,
+        grace=5,
     )
     assert not report.passed, str(report)
     failed = [p for p in report.points if p.reasons]
     # Cut short mid-write: the kills inside torch.save's writes are the ones that crash-loop.
     assert failed and all("(write ckpt.pt)" in p.name for p in failed), str(report)
+    # The job has no SIGTERM handler, so SIGTERM ends it as a kill would, and is judged alike.
+    assert [p.name.split(" before ")[0] for p in report.points].count("sent SIGTERM") == 1
     assert all(
-        r.startswith(f"{diagnosis.CANNOT_RESUME}: killed before ")
-        for p in failed
-        for r in p.reasons
+        r.startswith(f"{diagnosis.CANNOT_RESUME}: {p.name}:") for p in failed for r in p.reasons
     )
     causes, points = failures(str(report))
     assert len(causes) == 1 and len(points) == len(failed)
@@ -111,6 +114,38 @@ def test_a_save_replaced_atomically_passes_at_every_point(tmp_path: Path) -> Non
     (passed,) = [line for line in done.stdout.splitlines() if line.startswith("ok    ")]
     assert "(rename ckpt.pt.tmp -> ckpt.pt)" in passed
     assert failures(done.stdout) == ([], [])
+
+
+def sigterm_job(tmp_path: Path, on_sigterm: str) -> subprocess.CompletedProcess[str]:
+    job = (sys.executable, "single_process.py", "{run_dir}", "--save", "atomic", "--steps", "6")
+    options = ("--sigterm-points", "2", "--grace", "20")
+    return preempt(tmp_path, *job, "--on-sigterm", on_sigterm, points=2, options=options)
+
+
+def test_a_save_on_sigterm_without_the_generator_resumes_to_another_result(
+    tmp_path: Path,
+) -> None:
+    """The job saves on SIGTERM and exits, as jobs that save on preemption do, but leaves its
+    generator's state out of that save: every SIGKILL point passes; a SIGTERM before a save
+    with steps left after it fails (one at the last save has no step left to draw)."""
+    done = sigterm_job(tmp_path, "save_without_rng")
+    assert done.returncode == 1, done.stdout + done.stderr
+    causes, killed = failures(done.stdout)
+    assert killed == [], done.stdout
+    assert causes == [f"FAIL  {diagnosis.OTHER_RESULT}: at 1 of 7 crash points"], done.stdout
+    signalled = [line for line in done.stdout.splitlines() if "- sent SIGTERM before" in line]
+    assert len(signalled) == 2, done.stdout  # a step line and the final state
+    assert "after step 4 (SIGKILL 20 s later): step 5: loss " in signalled[0]
+    (passed,) = [line for line in done.stdout.splitlines() if line.startswith("ok    ")]
+    assert passed.count("killed before ") == 5 and passed.count("sent SIGTERM before ") == 1
+
+
+@SLOW
+def test_a_job_that_saves_on_sigterm_passes(tmp_path: Path) -> None:
+    done = sigterm_job(tmp_path, "save")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (passed,) = [line for line in done.stdout.splitlines() if line.startswith("ok    ")]
+    assert passed.count("sent SIGTERM before") == 2, done.stdout
 
 
 def test_a_relaunch_runs_the_script_as_a_fresh_launch_would(tmp_path: Path) -> None:
@@ -137,7 +172,7 @@ def test_a_relaunch_runs_the_script_as_a_fresh_launch_would(tmp_path: Path) -> N
     assert verified.stdout.splitlines()[-1].startswith("pass: ")
 
 
-TORCHRUN = [
+TWO_RANKS = [
     sys.executable,
     "-m",
     "torch.distributed.run",
@@ -146,6 +181,9 @@ TORCHRUN = [
     "2",
     "--local-addr",
     "127.0.0.1",
+]
+TORCHRUN = [
+    *TWO_RANKS,
     "dcp_steps.py",
     "{run_dir}",
     # One save (step 2) and the final one: the fewest launches that still leave a step-N
@@ -170,6 +208,27 @@ def test_a_torchrun_job_that_takes_a_step_folder_without_metadata_cannot_resume(
 def test_the_same_job_checking_for_metadata_resumes_at_every_point(tmp_path: Path) -> None:
     done = preempt(tmp_path, *TORCHRUN, "--check-metadata", points=4)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "ranks 0, 1" in done.stdout
+
+
+@SLOW
+def test_torchtitan_checkpoint_manager_skips_unfinished_steps(tmp_path: Path) -> None:
+    """torchtitan 0.3.0's own CheckpointManager (tests/preempt_jobs/torchtitan_steps.py),
+    rotating its step-N folders: a kill before DCP renames a step-N's .metadata into place
+    (torch/distributed/checkpoint/filesystem.py) leaves a folder that ``_find_load_step``
+    passes over, so the relaunch resumes from the save before it and ends alike."""
+    pytest.importorskip("torchtitan", minversion="0.3.0")  # imports no torch
+    done = preempt(tmp_path, *TWO_RANKS, "torchtitan_steps.py", "{run_dir}", points=4)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert failures(done.stdout) == ([], [])
+    (passed,) = [line for line in done.stdout.splitlines() if line.startswith("ok    ")]
+    unfinished = re.findall(
+        r"\(rename (checkpoint/step-\d+)/\.metadata\.tmp -> \1/\.metadata\)", passed
+    )
+    # A relaunch that took any of these folders would fail to load it. The saves before the
+    # first rotation: the purge thread's deletions of step-2 race the steps after step 6, so
+    # a later point of rank 0 can be one the second launch did not make alike (a skip).
+    assert unfinished[:3] == ["checkpoint/step-2", "checkpoint/step-4", "checkpoint/step-6"]
     assert "ranks 0, 1" in done.stdout
 
 

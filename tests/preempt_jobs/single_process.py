@@ -4,12 +4,19 @@ user's script does: ``python single_process.py RUN_DIR --save {in_place,atomic}`
 ``in_place`` is ``torch.save`` straight onto ``ckpt.pt``: a kill mid-write leaves it cut
 short, and every relaunch then fails to load it. ``atomic`` writes a temporary file, fsyncs it
 and ``os.replace``s it over ``ckpt.pt``, so a kill leaves the old checkpoint or the new one.
+
+``--on-sigterm`` is what the job does on SIGTERM: ``die`` (Python's default), or ``save``: it
+finishes the step under way, saves and exits, as jobs that save on preemption do (Lightning's
+SLURM plugin); ``save_without_rng`` does so but leaves the generator's state out of that save,
+so its relaunch draws other batches.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 
 import torch
 
@@ -18,7 +25,11 @@ parser.add_argument("run_dir")
 parser.add_argument("--save", choices=["in_place", "atomic"], required=True)
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--every", type=int, default=2)
+parser.add_argument("--on-sigterm", choices=["die", "save", "save_without_rng"], default="die")
 args = parser.parse_args()
+stopping: list[int] = []
+if args.on_sigterm != "die":
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
 torch.set_num_threads(1)
 
 ckpt = os.path.join(args.run_dir, "ckpt.pt")
@@ -30,17 +41,15 @@ if os.path.exists(ckpt):
     state = torch.load(ckpt)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])
+    if "rng" in state:
+        torch.set_rng_state(state["rng"])
     start = state["step"]
 
 
-def save(step: int) -> None:
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "rng": torch.get_rng_state(),
-        "step": step,
-    }
+def save(step: int, rng: bool = True) -> None:
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+    if rng:
+        state["rng"] = torch.get_rng_state()
     if args.save == "in_place":
         torch.save(state, ckpt)
         return
@@ -61,4 +70,7 @@ for step in range(start + 1, args.steps + 1):
     print(f"step {step} loss {loss.item().hex()}")
     if step % args.every == 0:
         save(step)
+    if stopping:
+        save(step, rng=args.on_sigterm == "save")
+        sys.exit(128 + signal.SIGTERM)
 torch.save(model.state_dict(), os.path.join(args.run_dir, "final.pt"))

@@ -4,6 +4,9 @@ crash points chosen among them. Pure: no processes, no files.
 A crash point is the state just before an operation ran: every earlier operation of every
 process done, this one and every later one not. It is a state the job really left on disk: the
 tool takes it while the job waits inside that operation and its other processes are stopped.
+A *SIGTERM point* is the same operation reached in a launch of its own, where the job is sent
+SIGTERM just before it and SIGKILL a grace period later, as Kubernetes and Slurm do: the state
+is whatever the job's own handling of the signal left.
 
 Operations are grouped into *saves*: the operations made after the job printed step ``k`` and
 before it printed the next step line. A save is *complete* at a crash point once the job has
@@ -31,6 +34,11 @@ Op = Literal[
     "link",
 ]
 OPS: tuple[Op, ...] = get_args(Op)
+# How a crash point ends the job: SIGKILL at the operation, or SIGTERM there and SIGKILL after
+# the grace period.
+How = Literal["kill", "term"]
+HOWS: tuple[How, ...] = get_args(How)
+Point = tuple[How, str, int]  # how, the process, its operation's number
 # Always crash points: each one changes which names exist, which is what a job's discovery
 # rule reads after a restart (a rename that publishes a checkpoint, an unlink that rotates one).
 NAMING: frozenset[Op] = frozenset({"rename", "unlink", "rmdir", "symlink", "link"})
@@ -88,8 +96,40 @@ class Numbering:
 
 
 def key(operation: Operation) -> tuple[str, int]:
-    """What names a crash point across runs: the process and its operation's number."""
+    """What names an operation across runs: the process and its operation's number."""
     return (operation.rank, operation.index)
+
+
+def point(how: How, operation: Operation | tuple[str, int]) -> Point:
+    rank, index = key(operation) if isinstance(operation, Operation) else operation
+    return (how, rank, index)
+
+
+def described(how: How, operation: Operation, grace: float) -> str:
+    """How a report names the crash point: no time, no PID."""
+    if how == "kill":
+        return f"killed before {operation.name}"
+    return f"sent SIGTERM before {operation.name} (SIGKILL {grace:g} s later)"
+
+
+def terminated(operations: Sequence[Operation], budget: int) -> list[Operation]:
+    """The SIGTERM points, deterministically, in the order they occur: where a save after the
+    first begins (a signal between two steps) and its middle operation (a signal mid-save),
+    ``budget`` of them spread evenly, the last save's always among them. Each costs a launch
+    of its own, so the budget is small."""
+    candidates = [o for o in operations if o.op not in RECORDED_ONLY]
+    grouped = saves(candidates)
+    spots: list[Operation] = []
+    for first in first_of_each_save(candidates)[1:]:
+        ops = grouped[first.steps_before]
+        spots += [first] if len(ops) < 3 else [first, ops[len(ops) // 2]]
+    if budget <= 0 or not spots:
+        return []
+    if budget >= len(spots):
+        return spots
+    stride = (len(spots) - 1) / max(1, budget - 1)
+    picked = {round(i * stride) for i in range(budget)} if budget > 1 else {len(spots) - 1}
+    return [spots[i] for i in sorted(picked)]
 
 
 def chosen(operations: Sequence[Operation], budget: int) -> list[Operation]:

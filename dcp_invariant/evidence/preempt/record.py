@@ -17,10 +17,10 @@ from typing import Any
 from dcp_invariant import canonical
 from dcp_invariant.evidence import checks
 from dcp_invariant.evidence.preempt import verdict
-from dcp_invariant.evidence.preempt.operations import OPS, Operation, key
+from dcp_invariant.evidence.preempt.operations import HOWS, OPS, Operation, Point, key
 
 PREEMPT_FILE = "preempt.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _MAX_ITEMS = 1 << 20
 _TIMEOUT = re.compile(r"\d+(\.\d+)?")
 
@@ -32,9 +32,9 @@ _operation = checks.record(
     index=checks.integer(0),
     steps_before=checks.integer(0),
 )
+_point = {"how": checks.one_of(*HOWS), "rank": checks.string, "index": checks.integer(0)}
 _relaunch = checks.record(
-    rank=checks.string,
-    index=checks.integer(0),
+    **_point,
     exit_code=checks.optional(checks.integer()),
     steps=checks.json_object,
     final=checks.optional(checks.string),
@@ -48,10 +48,12 @@ _SHAPE = checks.record(
     final=checks.optional(checks.string),
     crash_points=checks.integer(1),
     timeout=checks.pattern(_TIMEOUT, "seconds"),
+    sigterm_points=checks.integer(0),
+    grace=checks.pattern(_TIMEOUT, "seconds"),
     reference=checks.json_object,
     operations=checks.list_of(_operation, _MAX_ITEMS),
     relaunches=checks.list_of(_relaunch, _MAX_ITEMS),
-    varied=checks.list_of(checks.record(rank=checks.string, index=checks.integer(0)), _MAX_ITEMS),
+    varied=checks.list_of(checks.record(**_point), _MAX_ITEMS),
 )
 
 
@@ -65,14 +67,21 @@ def build(
     final: str | None,
     crash_points: int,
     timeout: float,
+    sigterm_points: int,
+    grace: float,
     reference: Mapping[int, list[str]],
     operations: Sequence[Operation],
-    relaunches: Mapping[tuple[str, int], verdict.Relaunch],
-    reasons: Mapping[tuple[str, int], list[str]],
-    varied: Sequence[Operation],
+    relaunches: Mapping[Point, verdict.Relaunch],
+    reasons: Mapping[Point, list[str]],
+    varied: Sequence[Point],
 ) -> dict[str, Any]:
-    """The record, every list in the order the job made its operations."""
+    """The record, every list in the order the job made its operations (a SIGKILL point
+    before the SIGTERM point at the same operation)."""
     position = {key(o): i for i, o in enumerate(operations)}
+
+    def order(point: Point) -> tuple[int, int]:
+        return position[point[1:]], HOWS.index(point[0])
+
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "preempt",
@@ -81,21 +90,26 @@ def build(
         "final": final,
         "crash_points": crash_points,
         "timeout": f"{timeout:g}",
+        "sigterm_points": sigterm_points,
+        "grace": f"{grace:g}",
         "reference": _steps(reference),
         "operations": [o.record() for o in operations],
         "relaunches": [
             {
-                "rank": point[0],
-                "index": point[1],
+                **_named(point),
                 "exit_code": relaunch["exit_code"],
                 "steps": _steps(relaunch["steps"]),
                 "final": relaunch["final"],
                 "reasons": reasons.get(point, []),
             }
-            for point, relaunch in sorted(relaunches.items(), key=lambda kv: position[kv[0]])
+            for point, relaunch in sorted(relaunches.items(), key=lambda kv: order(kv[0]))
         ],
-        "varied": [{"rank": o.rank, "index": o.index} for o in varied],
+        "varied": [_named(p) for p in sorted(varied, key=order)],
     }
+
+
+def _named(point: Point) -> dict[str, object]:
+    return {"how": point[0], "rank": point[1], "index": point[2]}
 
 
 def _steps(steps: Mapping[int, list[str]]) -> dict[str, list[str]]:
@@ -116,24 +130,24 @@ def problems(record: Any) -> list[str]:
         operations = [Operation(**o) for o in record["operations"]]
         reference = _step_map(record["reference"])
         relaunches = {
-            (r["rank"], r["index"]): verdict.Relaunch(
+            (r["how"], r["rank"], r["index"]): verdict.Relaunch(
                 exit_code=r["exit_code"], steps=_step_map(r["steps"]), final=r["final"]
             )
             for r in record["relaunches"]
         }
     except (TypeError, ValueError) as exc:
         return [f"{PREEMPT_FILE}: {exc}"]
-    derived = verdict.judged(operations, relaunches, reference, float(record["timeout"]))
+    derived = verdict.judged(
+        operations, relaunches, reference, float(record["timeout"]), float(record["grace"])
+    )
     out = []
     for r in record["relaunches"]:
-        point = (r["rank"], r["index"])
+        point = (r["how"], r["rank"], r["index"])
+        named = f"{PREEMPT_FILE}: {r['how']} point rank {r['rank']} operation {r['index']}"
         if point not in derived:
-            out.append(f"{PREEMPT_FILE}: rank {point[0]} operation {point[1]} is no operation")
+            out.append(f"{named} is no operation")
         elif derived[point] != r["reasons"]:
-            out.append(
-                f"{PREEMPT_FILE}: rank {point[0]} operation {point[1]}: the recorded reasons are "
-                "not those its relaunch gives"
-            )
+            out.append(f"{named}: the recorded reasons are not those its relaunch gives")
     return out
 
 
@@ -163,7 +177,7 @@ def verify(directory: Path) -> tuple[bool, list[str]]:
         return False, [f"invalid: {p}" for p in found]
     failed = [r for r in record["relaunches"] if r["reasons"]]
     lines = [
-        f"FAIL  rank {r['rank']} operation {r['index']}: {reason}"
+        f"FAIL  {r['how']} rank {r['rank']} operation {r['index']}: {reason}"
         for r in failed
         for reason in r["reasons"]
     ]

@@ -11,7 +11,15 @@ from typing import TypedDict
 
 from dcp_invariant.evidence.diagnosis import CANNOT_RESUME, LOST_CHECKPOINT, OTHER_RESULT
 from dcp_invariant.evidence.preempt import step_lines
-from dcp_invariant.evidence.preempt.operations import Operation, first_of_each_save, intact_saves
+from dcp_invariant.evidence.preempt.operations import (
+    HOWS,
+    Operation,
+    Point,
+    described,
+    first_of_each_save,
+    intact_saves,
+    point,
+)
 
 
 class Relaunch(TypedDict):
@@ -32,26 +40,32 @@ def resume_step(relaunch: Relaunch, reference: Mapping[int, list[str]]) -> int:
 
 def judged(
     operations: Sequence[Operation],
-    relaunches: Mapping[tuple[str, int], Relaunch],
+    relaunches: Mapping[Point, Relaunch],
     reference: Mapping[int, list[str]],
     timeout: float,
-) -> dict[tuple[str, int], list[str]]:
+    grace: float,
+) -> dict[Point, list[str]]:
     """Each crash point's reasons (none: it passes), in the order the points occur."""
     trusted = _trusted_saves(operations, relaunches, reference)
     verdicts = {}
-    for point in operations:
-        relaunch = relaunches.get((point.rank, point.index))
-        if relaunch is None:
-            continue
-        verdicts[(point.rank, point.index)] = _reasons(
-            point, relaunch, reference, _expected(operations, point, trusted), timeout
-        )
+    for operation in operations:
+        for how in HOWS:
+            relaunch = relaunches.get(point(how, operation))
+            if relaunch is None:
+                continue
+            verdicts[point(how, operation)] = _reasons(
+                described(how, operation, grace),
+                relaunch,
+                reference,
+                _expected(operations, operation, trusted),
+                timeout,
+            )
     return verdicts
 
 
 def _trusted_saves(
     operations: Sequence[Operation],
-    relaunches: Mapping[tuple[str, int], Relaunch],
+    relaunches: Mapping[Point, Relaunch],
     reference: Mapping[int, list[str]],
 ) -> set[int]:
     """The saves the job's own discovery takes: relaunched on the state right after a save
@@ -61,7 +75,7 @@ def _trusted_saves(
     trusted = set()
     firsts = first_of_each_save(operations)
     for before, after in itertools.pairwise(firsts):
-        relaunch = relaunches.get((after.rank, after.index))
+        relaunch = relaunches.get(point("kill", after))
         if relaunch is None or relaunch["exit_code"] != 0:
             continue
         if resume_step(relaunch, reference) >= before.steps_before:
@@ -69,21 +83,20 @@ def _trusted_saves(
     return trusted
 
 
-def _expected(operations: Sequence[Operation], point: Operation, trusted: set[int]) -> int | None:
-    """The newest save that was whole on disk at ``point``, that training had gone on after,
+def _expected(operations: Sequence[Operation], at: Operation, trusted: set[int]) -> int | None:
+    """The newest save that was whole on disk at ``at``, that training had gone on after,
     and that the job is known to resume from."""
-    whole = [s for s in intact_saves(operations, point) if s in trusted]
+    whole = [s for s in intact_saves(operations, at) if s in trusted]
     return max(whole) if whole else None
 
 
 def _reasons(
-    point: Operation,
+    where: str,
     relaunch: Relaunch,
     reference: Mapping[int, list[str]],
     expected: int | None,
     timeout: float,
 ) -> list[str]:
-    where = f"killed before {point.name}"
     code = relaunch["exit_code"]
     if code != 0:
         how = f"timed out after {timeout:g} s" if code is None else f"exited with code {code}"
