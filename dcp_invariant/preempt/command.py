@@ -1,10 +1,11 @@
 """``dcp-invariant preempt -- COMMAND``: the user's own job, killed at its own saves and
 relaunched on what each kill left, judged against its uninterrupted run.
 
-1. Two uninterrupted launches, both instrumented: the first lists every file operation, the
-   crash points are chosen from that list, and the second stops at each one and copies the run
-   directory as it stands. The two must agree (step lines, final state), or nothing can be
-   judged: bad input.
+1. Three uninterrupted launches, all instrumented: the first lists every file operation, the
+   crash points are chosen from that list, and the second and third (side by side) stop at
+   each one and copy the run directory as it stands. The first two must agree (step lines,
+   final state), or nothing can be judged: bad input. A point whose two copies differ is no
+   single state of the job (:mod:`.states`): recorded, not judged.
 2. Each SIGTERM point is a launch of its own, signalled before its operation and killed once
    the grace period is over (:mod:`.recorder`); what it left is its crash state.
 3. Each crash state is relaunched with the same command, in parallel where cores are free,
@@ -27,7 +28,7 @@ from dcp_invariant import plan
 from dcp_invariant.errors import PreemptInputError
 from dcp_invariant.evidence.preempt import operations, record, step_lines, verdict
 from dcp_invariant.evidence.preempt.operations import Operation, Point
-from dcp_invariant.preempt import final_state, interposer
+from dcp_invariant.preempt import final_state, interposer, states
 from dcp_invariant.preempt.launch import RUN_DIR, Launch, Launches
 
 if TYPE_CHECKING:
@@ -64,6 +65,11 @@ class Outcome:
     varied: dict[Point, str]  # why each was not judged
     tails: dict[Point, list[str]]
     grace: float
+
+    def order(self, point: Point) -> tuple[int, int]:
+        """Where ``point`` falls in the job's operations (a SIGKILL point first)."""
+        keys = [operations.key(o) for o in self.operations]
+        return keys.index(point[1:]), operations.HOWS.index(point[0])
 
     def described(self, point: Point) -> str:
         by_key = {operations.key(o): o for o in self.operations}
@@ -146,22 +152,24 @@ def check(options: Options, launches: Launches) -> Outcome:
     library = interposer.library()
     with tempfile.TemporaryDirectory(prefix="dcp-invariant-preempt-") as scratch:
         root = Path(scratch)
-        first = _instrumented(options, launches, library, root / "first", None)
+        first = _instrumented(options, launches, library, root / "launch-1", None)
         points = operations.chosen(first.operations, options.crash_points)
         chosen = {operations.key(o) for o in points}
-        second = _instrumented(options, launches, library, root / "second", chosen)
+        second, third = _instrumented_twice(options, launches, library, root, chosen)
         _agree(options, first, second)
         varied = _varied(first.operations, second.operations, points)
-        states: dict[Point, Path] = {}
+        varied |= _varied(first.operations, third.operations, points, "third")
+        varied |= _other_states(second.taken, third.taken, varied)
+        crash_states: dict[Point, Path] = {}
         for taken, state in second.taken.items():
             killed = operations.point("kill", taken)
             if killed not in varied:
-                states[killed] = state
+                crash_states[killed] = state
         terms = operations.terminated(first.operations, options.sigterm_points)
         signalled, unjudged = _terminated_all(options, launches, library, root, terms)
-        states |= signalled
+        crash_states |= signalled
         varied |= unjudged
-        relaunches, tails = _relaunch_all(options, launches, root, states, first.run_dir)
+        relaunches, tails = _relaunch_all(options, launches, root, crash_states, first.run_dir)
     reasons = verdict.judged(
         first.operations, relaunches, first.steps, options.timeout, options.grace
     )
@@ -298,17 +306,64 @@ def _agree(options: Options, first: _Run, second: _Run) -> None:
         )
 
 
+def _instrumented_twice(
+    options: Options,
+    launches: Launches,
+    library: Path,
+    root: Path,
+    chosen: set[tuple[str, int]],
+) -> tuple[_Run, _Run]:
+    """The second and third launches, side by side where cores are free: each takes every
+    chosen crash state, so that a state that differs between them is known (:mod:`.states`)."""
+    with ThreadPoolExecutor(max_workers=min(2, _cores())) as pool:
+        try:
+            second, third = pool.map(
+                # Names of one length: DCP's .metadata holds its checkpoint's path
+                # (storage_meta), so paths of other lengths would give states of other sizes.
+                lambda name: _instrumented(options, launches, library, root / name, chosen),
+                ["launch-2", "launch-3"],
+            )
+        except BaseException:
+            launches.stop_all()  # as in _relaunch_all: an interrupt kills the launches first
+            raise
+    return second, third
+
+
 def _varied(
-    first: Sequence[Operation], second: Sequence[Operation], points: Sequence[Operation]
+    first: Sequence[Operation],
+    other: Sequence[Operation],
+    points: Sequence[Operation],
+    which: str = "second",
 ) -> dict[Point, str]:
-    """The chosen points whose operation the second launch did not make alike: their state is
-    not one state of the job, so they are recorded and not judged."""
-    seconds = {operations.key(o): o for o in second}
+    """The chosen points whose operation another launch did not make alike: their state is
+    not one state of the job, so they are recorded and not judged. The steps printed before
+    it do not count: a rank that prints none makes its operations before or after another's
+    step line as timing has it, and the state itself is compared (:func:`_other_states`)."""
+    others = {operations.key(o): _made(o) for o in other}
     return {
-        operations.point("kill", p): "the second run did not make this operation alike"
+        operations.point("kill", p): f"the {which} run did not make this operation alike"
         for p in points
-        if seconds.get(operations.key(p)) != p
+        if others.get(operations.key(p)) != _made(p)
     }
+
+
+def _made(operation: Operation) -> tuple[str, str, str]:
+    return operation.op, operation.path, operation.target
+
+
+def _other_states(
+    second: dict[tuple[str, int], Path],
+    third: dict[tuple[str, int], Path],
+    varied: dict[Point, str],
+) -> dict[Point, str]:
+    """The points whose two snapshots differ: the job's other processes had got elsewhere."""
+    found = {}
+    for taken in second.keys() & third.keys():
+        point = operations.point("kill", taken)
+        differs = None if point in varied else states.first_difference(second[taken], third[taken])
+        if differs is not None:
+            found[point] = f"two runs left other states here ({differs})"
+    return found
 
 
 def _relaunch_all(
@@ -405,7 +460,10 @@ def report(outcome: Outcome) -> tuple[list[str], int]:
     if passed:
         named = "; ".join(outcome.described(p) for p in passed)
         lines.append(f"ok    {len(passed)} crash points: {named}")
-    lines += [f"skip  {outcome.described(p)}: {why}" for p, why in outcome.varied.items()]
+    lines += [
+        f"skip  {outcome.described(p)}: {outcome.varied[p]}"
+        for p in sorted(outcome.varied, key=outcome.order)
+    ]
     failed = len(outcome.reasons) - len(passed)
     lines.append(f"summary: {len(passed)} passed, {failed} failed")
     return lines, 1 if failed else 0
