@@ -42,7 +42,7 @@ def preempt(
     final: str | None = "",
 ) -> subprocess.CompletedProcess[str]:
     if final == "":
-        final = "final.pt" if "single_process.py" in " ".join(job) else "final"
+        final = "final" if "torch.distributed.run" in job else "final.pt"
     return subprocess.run(
         [
             sys.executable,
@@ -146,6 +146,32 @@ def test_a_job_that_saves_on_sigterm_passes(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     (passed,) = [line for line in done.stdout.splitlines() if line.startswith("ok    ")]
     assert passed.count("sent SIGTERM before") == 2, done.stdout
+
+
+def async_job(tmp_path: Path, latest: str) -> subprocess.CompletedProcess[str]:
+    job = (sys.executable, "async_steps.py", "{run_dir}", "--latest", latest)
+    return preempt(tmp_path, *job, points=8, options=("--sigterm-points", "0"))
+
+
+def test_a_pointer_written_before_an_async_save_is_done_cannot_resume(tmp_path: Path) -> None:
+    """``latest`` names a step-N while async_save's thread still writes it: a kill then leaves
+    the pointer on a folder without .metadata, and every relaunch fails on it."""
+    done = async_job(tmp_path, "at_once")
+    assert done.returncode == 1, done.stdout + done.stderr
+    causes, points = failures(done.stdout)
+    assert len(causes) == 1 and causes[0].startswith(f"FAIL  {diagnosis.CANNOT_RESUME}: "), causes
+    # Killed inside the background thread's writes of a step-N folder, or before its rename
+    # of .metadata into place: training had gone on past the save by then.
+    assert points and all(re.search(r"\(\w+ step-\d+", p) for p in points), points
+    assert "metadata is None" in done.stdout  # DCP's own words, from the relaunch
+
+
+@SLOW
+def test_a_pointer_written_once_the_async_save_is_done_passes(tmp_path: Path) -> None:
+    done = async_job(tmp_path, "when_done")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (passed,) = [line for line in done.stdout.splitlines() if line.startswith("ok    ")]
+    assert re.search(r"killed before rank main operation \d+ \(write step-\d+/__0_0", passed)
 
 
 def test_a_relaunch_runs_the_script_as_a_fresh_launch_would(tmp_path: Path) -> None:
