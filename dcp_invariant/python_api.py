@@ -472,7 +472,10 @@ def check_job(
     _require("timeout", timeout, "a number of seconds", _is_number(timeout))
     _require("sigterm_points", sigterm_points, "an int", type(sigterm_points) is int)
     _require("grace", grace, "a number of seconds", _is_number(grace))
-    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    except ValueError as exc:  # an unclosed quote
+        raise CheckInputError(f"command {command!r}: {exc}: close its quotes") from None
     options = preempt.checked_options(
         argv,
         step_line,

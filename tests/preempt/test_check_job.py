@@ -16,6 +16,9 @@ import dcp_invariant
         (["python", "{run_dir}"], {"crash_points": "8"}, "crash_points must be an int"),
         (["python", "{run_dir}"], {"timeout": "1"}, "timeout must be a number of seconds"),
         ("python '{run_dir}' --x", {"final": "../f"}, "is not a path inside {run_dir}"),
+        ('python "a {run_dir}', {}, "No closing quotation: close its quotes"),
+        (["python", "{run_dir}"], {"sigterm_points": -1}, "--sigterm-points -1: give 0 or more"),
+        (["python", "{run_dir}"], {"grace": "5"}, "grace must be a number of seconds"),
     ],
 )
 def test_bad_input_raises_bad_input(command: Any, options: dict[str, Any], said: str) -> None:
