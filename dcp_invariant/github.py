@@ -2,6 +2,9 @@
 
 Everything the composite action shows is derived here, by the verifier, from the artifact on
 disk: the shell steps only call ``dcp-invariant github-report``. Imports no torch.
+
+A directory holding ``preempt.json`` (the action's ``preempt-command``) is ``preempt``'s
+evidence: its outputs and summary count crash points, as ``dcp-invariant verify`` derives them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import re
 import secrets
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from dcp_invariant import plan, regular_file
@@ -74,6 +78,9 @@ MAX_HASHED_BYTES = schema.MAX_FIXTURE_FILE_BYTES
 
 def outputs(directory: Path, report: Verification | None) -> dict[str, str]:
     """Step outputs: verdict, passed, failed, valid, problems, manifest-sha256, evidence-dir."""
+    preempt = _preempt_verified(directory)
+    if preempt is not None:
+        return _preempt_outputs(directory, preempt)
     results = report.results if report is not None else {}
     passed = sum(r["verdict"] == "pass" for r in results.values())
     return {
@@ -93,9 +100,13 @@ def manifest_sha256(directory: Path) -> str:
 
     Never follows a symlink or opens a FIFO, and never hashes past the verifier's size bound.
     """
+    return _sha256(directory / schema.MANIFEST_FILE)
+
+
+def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     try:
-        for chunk in regular_file.chunks(directory / schema.MANIFEST_FILE, bound=MAX_HASHED_BYTES):
+        for chunk in regular_file.chunks(path, bound=MAX_HASHED_BYTES):
             digest.update(chunk)
     except (OSError, ValueError):  # ValueError: a path os.open refuses (an embedded NUL)
         return ""
@@ -107,6 +118,9 @@ def summary(directory: Path, report: Verification | None) -> str:
 
     At most MAX_SUMMARY_BYTES of UTF-8, whatever the artifact holds.
     """
+    preempt = _preempt_verified(directory)
+    if preempt is not None:
+        return _preempt_summary(preempt)
     out = outputs(directory, report)
     if report is None:
         return (
@@ -180,6 +194,68 @@ class _Bounded:
                 f"{MAX_SUMMARY_BYTES} bytes; `dcp-invariant verify DIR` prints everything.",
             ]
         return [*self.lines, *note, *self.closing]
+
+
+# --- preempt's evidence --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Preempt:
+    """``preempt.json`` as ``verify`` judges it: its lines (each failed point's reasons, then the
+    verdict; or each problem) and, where it stands, the crash points that passed and failed."""
+
+    valid: bool
+    lines: list[str]
+    passed: int = 0
+    failed: int = 0
+
+
+def _preempt_verified(directory: Path) -> _Preempt | None:
+    """``directory``'s preempt record, verified; None where it holds none (a suite's artifact)."""
+    from dcp_invariant import canonical
+    from dcp_invariant.evidence.preempt import record
+
+    try:
+        if not (directory / record.PREEMPT_FILE).is_file():
+            return None
+    except (OSError, ValueError):  # a name too long, or one the OS cannot take
+        return None
+    valid, lines = record.verify(directory)
+    if not valid:
+        return _Preempt(False, lines)
+    relaunches = canonical.loads((directory / record.PREEMPT_FILE).read_bytes())["relaunches"]
+    failed = sum(bool(r["reasons"]) for r in relaunches)
+    return _Preempt(True, lines, len(relaunches) - failed, failed)
+
+
+def _preempt_outputs(directory: Path, verified: _Preempt) -> dict[str, str]:
+    from dcp_invariant.evidence.preempt import record
+
+    return {
+        "verdict": "pass" if verified.valid and not verified.failed else "fail",
+        "passed": str(verified.passed),
+        "failed": str(verified.failed),
+        "valid": "true" if verified.valid else "false",
+        "problems": "0" if verified.valid else str(len(verified.lines)),
+        # Its one file names this exact evidence, as a suite's manifest does.
+        "manifest-sha256": _sha256(directory / record.PREEMPT_FILE),
+        "evidence-dir": _text(_absolute(directory)),
+    }
+
+
+def _preempt_summary(verified: _Preempt) -> str:
+    """The verdict line, then verify's lines: each failed crash point's reasons, or each problem
+    (bounded as the suite's table is)."""
+    *said, last = verified.lines if verified.valid else [*verified.lines, ""]
+    headline = (
+        f"preempt: {last}" if verified.valid else f"invalid preempt evidence ({len(said)} problems)"
+    )
+    footer = ["", "Verify downloaded evidence offline with `dcp-invariant verify DIR`."]
+    lines = _Bounded(MAX_SUMMARY_BYTES - _size(footer) - 1024)
+    lines.add(f"## dcp-invariant {headline}", "")
+    for line in said:
+        lines.add(f"- {_cell(line)}")
+    return "\n".join([*lines.done(), *footer]) + "\n"
 
 
 def _size(lines: list[str]) -> int:

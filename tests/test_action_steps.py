@@ -11,6 +11,8 @@ again (as ``venv``); ``pip install`` and ``uv pip install`` are logged instead o
 caller's Python can be made to refuse ``pip install`` as an externally managed one does), and
 ``dcp_invariant run`` copies a prepared artifact (after importing a ``--fixture`` module from the
 current directory, as ``run`` does). Every invocation is logged with the interpreter that ran it.
+``dcp_invariant preempt`` runs no job either: it logs the python the job would find on PATH and
+the arguments it got, exactly as they arrived, and copies prepared evidence (a ``preempt.json``).
 ``github-report`` and ``verify`` run the real package.
 """
 
@@ -147,6 +149,25 @@ except (ImportError, AttributeError) as error:
   fi
   exit "$DCP_TEST_SUITE_EXIT"
 fi
+if [ "$#" -ge 3 ] && [ "$1" = -m ] && [ "$2" = dcp_invariant ] && [ "$3" = preempt ]; then
+  # No job: log the python the job's command would find on PATH, then preempt's arguments as
+  # they arrived, and "write" the prepared evidence where --output-dir= says.
+  shift 3
+  printf '%s\t' "$(command -v python)" "$@" >> "$DCP_TEST_PREEMPT_LOG"
+  printf '\n' >> "$DCP_TEST_PREEMPT_LOG"
+  output_dir=
+  for arg in "$@"; do
+    case "$arg" in
+      --output-dir=*) output_dir=${{arg#--output-dir=}} ;;
+      --) break ;;
+    esac
+  done
+  if [ -e "$DCP_TEST_SUITE_ARTIFACT" ]; then
+    "$real" -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])' \\
+      "$DCP_TEST_SUITE_ARTIFACT" "$output_dir"
+  fi
+  exit "$DCP_TEST_SUITE_EXIT"
+fi
 exec "$real" "$@"
 """
 
@@ -188,6 +209,7 @@ class ActionRun:
     temp: Path  # $RUNNER_TEMP
     calls: list[Call]
     suite_log: list[list[str]]
+    preempt_log: list[list[str]]  # each: the python on the job's PATH, then preempt's arguments
 
     def installs(self, *module: str) -> list[Call]:
         """Calls of ``-m MODULE... install``, e.g. ``installs("pip")``, ``installs("uv", "pip")``."""
@@ -227,6 +249,10 @@ class ActionRun:
     @property
     def suite(self) -> StepRun:
         return self.running("dcp_invariant run")
+
+    @property
+    def preempt(self) -> StepRun:
+        return self.running("dcp_invariant preempt")
 
     @property
     def install(self) -> StepRun:
@@ -290,6 +316,7 @@ def run_action(
     for n in range(1, earlier_runs + 1):
         (temp / f"dcp-invariant-venv-{n}").mkdir()
     call_log, suite_log = files / "calls.log", files / "suite.log"
+    preempt_log = files / "preempt.log"
 
     # The caller's Python, first on PATH, and the one actions/setup-python would set up (off PATH).
     write_shim(shim_dir / "python", "caller")
@@ -327,6 +354,7 @@ def run_action(
             "PIP_NO_INDEX": "1",
             "DCP_TEST_CALL_LOG": call_log.as_posix(),
             "DCP_TEST_SUITE_LOG": suite_log.as_posix(),
+            "DCP_TEST_PREEMPT_LOG": preempt_log.as_posix(),
             "DCP_TEST_SUITE_ARTIFACT": str(suite_artifact or files / "no-suite-artifact"),
             "DCP_TEST_SUITE_EXIT": str(suite_exit),
         }
@@ -360,7 +388,15 @@ def run_action(
         name: context.substitute(spec["value"])
         for name, spec in (action.get("outputs") or {}).items()
     }
-    return ActionRun(runs, outputs, workspace, temp, read_calls(call_log), read_log(suite_log))
+    return ActionRun(
+        runs,
+        outputs,
+        workspace,
+        temp,
+        read_calls(call_log),
+        read_log(suite_log),
+        read_log(preempt_log),
+    )
 
 
 def run_step(
@@ -1056,3 +1092,226 @@ def test_fixture_missing_from_the_workspace_fails_the_suite(
     # Nothing was written, so nothing is uploaded (no second "No files were found" failure).
     assert run.using("actions/upload-artifact").outcome == "skipped"
     assert run.gate.outcome == "failure"
+
+
+# --- preempt-command: the caller's own job, instead of the suite -----------------------------
+#
+# The shim runs no job: what is tested is that the command reaches preempt as the arguments
+# shlex makes of it, through no shell, with the environment's python first on PATH, and that the
+# report, the upload, the attestation and the gate take preempt's evidence.
+
+# The input check runs on the runner, and refuses preempt off Linux (the last test here).
+ON_LINUX = pytest.mark.skipif(sys.platform != "linux", reason="preempt runs on Linux runners only")
+
+# A shell would run `touch pwned` four ways here, and expand $HOME and the glob; an empty
+# argument, one with spaces at its ends and one with a backslash must arrive as they are.
+HOSTILE_COMMAND = (
+    "python train.py --out {run_dir} --name 'tiny $(touch pwned)' \"`touch pwned`\" "
+    '; touch pwned | tee pwned && $HOME * --tag="it\'s"'
+    r" '' '  spaced  ' 'a\nb'"
+)
+
+
+def preempt_record(passing: bool) -> dict[str, Any]:
+    """A preempt record that verifies, built as tests/evidence/test_preempt_record.py builds
+    its own (so it follows the record's format): two of its crash points fail; ``passing``
+    keeps only the two that pass."""
+    import importlib.util
+
+    path = REPO / "tests" / "evidence" / "test_preempt_record.py"
+    spec = importlib.util.spec_from_file_location("_preempt_record_builder", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made = cast(dict[str, Any], module.a_record())
+    if passing:
+        made["relaunches"] = [r for r in made["relaunches"] if not r["reasons"]]
+    return made
+
+
+def prepared_preempt_evidence(root: Path, passing: bool = True) -> Path:
+    from dcp_invariant.evidence.preempt import record
+
+    directory = root / "prepared-preempt"
+    record.write(directory, preempt_record(passing))
+    return directory
+
+
+@pytest.fixture(params=[True, False], ids=["passing", "failing"])
+def preempt_evidence(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, bool]:
+    passing = cast(bool, request.param)
+    return prepared_preempt_evidence(tmp_path, passing), passing
+
+
+def preempt_inputs(**more: str) -> dict[str, str]:
+    return {"preempt-command": HOSTILE_COMMAND, **more}
+
+
+@ON_LINUX
+def test_preempt_command_reaches_preempt_as_its_words_never_through_a_shell(
+    tmp_path: Path, preempt_evidence: tuple[Path, bool]
+) -> None:
+    evidence, passing = preempt_evidence
+    run = run_action(
+        tmp_path,
+        inputs=preempt_inputs(),
+        suite_artifact=evidence,
+        suite_exit=0 if passing else 1,
+    )
+
+    # Instead of the suite, in the check step.
+    assert run.suite_log == []
+    assert run.preempt.outcome == ("success" if passing else "failure"), run.preempt.stderr
+    [(python_on_path, *arguments)] = run.preempt_log
+    assert arguments == ["--output-dir=dcp-invariant-evidence", "--", *shlex.split(HOSTILE_COMMAND)]
+    assert "tiny $(touch pwned)" in arguments and "`touch pwned`" in arguments
+    assert arguments[-3:] == ["", "  spaced  ", r"a\nb"]
+    assert not list(tmp_path.rglob("pwned"))  # nothing ran it
+    # The job's python is the action's environment's, where torch was installed for it.
+    assert native(python_on_path) == venv_python(run)
+    assert f"torch=={runtimes.DEFAULT_TORCH_VERSION}" in run.uv_install
+
+    # The report counts crash points, as verify derives them from preempt.json.
+    written = run.workspace / "dcp-invariant-evidence" / "preempt.json"
+    assert run.outputs["verdict"] == ("pass" if passing else "fail")
+    assert (run.outputs["passed"], run.outputs["failed"]) == (("2", "0") if passing else ("2", "2"))
+    assert (run.outputs["valid"], run.outputs["problems"]) == ("true", "0")
+    assert run.outputs["manifest-sha256"] == hashlib.sha256(written.read_bytes()).hexdigest()
+    headline = run.summary.splitlines()[0]
+    if passing:
+        assert headline == "## dcp-invariant preempt: pass: 2 crash points passed, 0 failed"
+    else:
+        assert headline == "## dcp-invariant preempt: fail: 2 crash points passed, 2 failed"
+        assert [line for line in run.summary.splitlines() if line.startswith("- FAIL ")]
+    # Uploaded whatever its verdict; the gate is verify's, on preempt.json.
+    upload = run.using("actions/upload-artifact")
+    assert upload.outcome == "success" and upload.with_["path"] == "dcp-invariant-evidence"
+    assert run.gate.outcome == ("success" if passing else "failure"), run.gate.stdout
+    assert run.gate.stdout.splitlines()[-1].startswith("pass: " if passing else "fail: ")
+
+
+@ON_LINUX
+def test_preempts_options_reach_it_one_argument_each(tmp_path: Path) -> None:
+    step_line = r"it (?P<step>\d+) loss (?P<loss>\S+)"
+    run = run_action(
+        tmp_path,
+        inputs={
+            "preempt-command": "torchrun --nproc-per-node 2 train.py {run_dir}",
+            "preempt-final": "final dir/model.safetensors",
+            "preempt-step-line": step_line,
+            "preempt-crash-points": "8",
+            "output-dir": "preempt evidence",
+        },
+    )
+
+    [(_, *arguments)] = run.preempt_log
+    assert arguments == [
+        "--output-dir=preempt evidence", "--final=final dir/model.safetensors",
+        f"--step-line={step_line}", "--crash-points=8", "--", "torchrun", "--nproc-per-node", "2",
+        "train.py", "{run_dir}",
+    ]  # fmt: skip
+
+
+@ON_LINUX
+def test_preempt_in_the_callers_environment_finds_the_callers_python(tmp_path: Path) -> None:
+    run = run_action(
+        tmp_path,
+        inputs=preempt_inputs(environment="caller"),
+        suite_artifact=prepared_preempt_evidence(tmp_path),
+    )
+
+    [(python_on_path, *_)] = run.preempt_log
+    assert native(python_on_path) == native(str(tmp_path / "shim" / "python"))
+    # Nothing over the caller's packages: the job runs on its own torch.
+    assert "--no-deps" in run.uv_install
+    assert not [a for a in run.uv_install if a.startswith(("torch", "numpy"))]
+    assert run.gate.outcome == "success"
+
+
+@ON_LINUX
+def test_attest_true_attests_preempt_json(tmp_path: Path) -> None:
+    run = run_action(
+        tmp_path,
+        inputs=preempt_inputs(attest="true", **{"output-dir": "evidence"}),
+        suite_artifact=prepared_preempt_evidence(tmp_path),
+    )
+
+    attest = run.using("actions/attest-build-provenance")
+    assert attest.outcome == "success"
+    # Its one file names the whole evidence, as the suite's manifest does.
+    assert attest.with_ == {"subject-path": "evidence/preempt.json"}
+    assert (run.workspace / "evidence" / "preempt.json").is_file()
+
+
+@ON_LINUX
+@pytest.mark.parametrize(
+    ("inputs", "line"),
+    [
+        (
+            {"preempt-command": "python train.py --out '$(touch pwned)"},
+            'input preempt-command "python train.py --out \'$(touch pwned)": no closing '
+            "quotation: it is split as a shell splits words (shlex), and never given to one",
+        ),
+        (
+            {"preempt-command": "python train.py; touch pwned"},
+            "input preempt-command 'python train.py; touch pwned' has no {run_dir}: ",
+        ),
+        (
+            {"preempt-command": HOSTILE_COMMAND, "fixture": FIXTURE},
+            f"input fixture '{FIXTURE}' goes with the suite, and preempt-command runs your own "
+            "job instead: give one of them (use the action twice for both)",
+        ),
+        (
+            {"preempt-command": HOSTILE_COMMAND, "run-suite": "false"},
+            "input run-suite 'false' only verifies output-dir, and preempt-command runs a check",
+        ),
+        (
+            {"preempt-crash-points": "8"},
+            "input preempt-crash-points '8' goes with preempt-command, which is empty",
+        ),
+        (
+            {"preempt-command": HOSTILE_COMMAND, "preempt-final": "/abs/final.pt"},
+            "input preempt-final '/abs/final.pt': --final '/abs/final.pt' is not a path inside "
+            "{run_dir}",
+        ),
+    ],
+)
+def test_a_bad_preempt_input_stops_before_anything_is_installed(
+    tmp_path: Path, inputs: dict[str, str], line: str
+) -> None:
+    run = run_action(tmp_path, inputs=inputs)
+
+    failed = [s for s in run.steps if s.outcome == "failure"]
+    assert failed and failed[0].stderr.startswith(f"dcp-invariant: error: {line}"), [
+        s.stderr for s in failed
+    ]
+    stopped_at_the_inputs(
+        run, failed[0].stderr.splitlines()[0].removeprefix("dcp-invariant: error: ")
+    )
+    assert run.preempt_log == []
+    assert not list(tmp_path.rglob("pwned"))
+
+
+@ON_LINUX
+def test_tampered_preempt_evidence_is_invalid_and_fails_the_gate(tmp_path: Path) -> None:
+    evidence = prepared_preempt_evidence(tmp_path, passing=False)
+    written = evidence / "preempt.json"
+    # A failed crash point's reasons dropped: verify derives them again and finds them gone.
+    written.write_bytes(written.read_bytes().replace(b'"reasons":["cannot', b'"reasons":["could'))
+    run = run_action(tmp_path, inputs=preempt_inputs(), suite_artifact=evidence)
+
+    assert run.outputs["verdict"] == "fail"
+    assert run.outputs["valid"] == "false" and int(run.outputs["problems"]) >= 1
+    assert run.summary.startswith("## dcp-invariant invalid preempt evidence (")
+    assert run.gate.outcome == "failure"
+
+
+@pytest.mark.skipif(sys.platform == "linux", reason="the refusal off Linux")
+def test_preempt_off_linux_stops_before_anything_is_installed(tmp_path: Path) -> None:
+    run = run_action(tmp_path, inputs=preempt_inputs())
+
+    stopped_at_the_inputs(
+        run,
+        f"input preempt-command: preempt runs on Linux only (this runner is {sys.platform}): "
+        "it hears the job's file operations through LD_PRELOAD; run it on a Linux runner",
+    )

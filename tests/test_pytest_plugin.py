@@ -4,18 +4,21 @@ evidence goes, and what a test shows when a check passes, fails or is given bad 
 A user's test file runs in a pytest of its own (pytester). Only bad input reaches the real
 :func:`dcp_invariant.check`, which refuses it before anything runs; elsewhere ``check`` is
 replaced by one returning a report built from the package's own types, without torch:
-tests/suite/test_python_api_live.py runs the plugin on real checks.
+tests/suite/test_python_api_live.py runs the plugin on real checks, and the one live test here
+runs ``check_job`` on a real job.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 
-from dcp_invariant import Report, ScenarioResult, pytest_plugin, python_api
+from dcp_invariant import JobReport, Report, ScenarioResult, pytest_plugin, python_api
 from dcp_invariant.evidence import diagnosis
 from dcp_invariant.pytest_plugin import Checker
 
@@ -182,3 +185,187 @@ def test_a_users_bad_input_fails_with_one_line_and_no_traceback(
     )
     assert (pytester.path / "basetemp").is_dir()
     assert not list((pytester.path / "basetemp").rglob("dcp-invariant-*"))  # nothing written
+
+
+# --- check_job: the user's own command under preempt -----------------------------------------
+
+JOB_FAILURE = [
+    "preempt: 9 file operations (ranks main), 4 crash points relaunched; the uninterrupted run "
+    "reached step 4",
+    f"FAIL  {diagnosis.CANNOT_RESUME}: at 1 of 4 crash points",
+    "      - killed before rank main operation 2 (write ckpt.pt), after step 2: the relaunch "
+    "exited 1",
+    "ok    3 crash points: rank main operation 0 (open ckpt.pt), after step 2",
+    "summary: 3 passed, 1 failed",
+]
+
+
+def job_report_of(failed: bool, output_dir: Path | None) -> JobReport:
+    """A report as check_job() returns one: four crash points, one failed or none."""
+    reasons = (f"{diagnosis.CANNOT_RESUME}: killed before ...",) if failed else ()
+    points = (python_api.CrashPoint("rank main operation 2 (write ckpt.pt)", reasons),)
+    evidence = None if output_dir is None else output_dir / "preempt.json"
+    lines = JOB_FAILURE if failed else [*JOB_FAILURE[:1], "summary: 4 passed, 0 failed"]
+    return JobReport(not failed, points, (), evidence, tuple(lines))
+
+
+class FakeCheckJob:
+    """Stands in for dcp_invariant.check_job, as FakeCheck for check."""
+
+    def __init__(self, failed: bool = False) -> None:
+        self.failed = failed
+        self.calls: list[tuple[object, dict[str, Any]]] = []
+        self.reports: list[JobReport] = []
+
+    def __call__(self, command: object, **options: Any) -> JobReport:
+        self.calls.append((command, options))
+        self.reports.append(job_report_of(self.failed, Path(options["output_dir"])))
+        return self.reports[-1]
+
+
+def test_each_check_job_writes_to_a_directory_of_its_own_numbered_with_the_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_job, fake = FakeCheckJob(), FakeCheck()
+    monkeypatch.setattr(pytest_plugin, "check_job", fake_job)
+    monkeypatch.setattr(pytest_plugin, "check", fake)
+    checker = Checker(tmp_path)
+    first = checker.check_job("python train.py {run_dir}", final="final.pt", crash_points=4)
+    checker.check("pkg.mod:make_app")
+    third = checker.check_job(["python", "train.py", "{run_dir}"], output_dir=tmp_path / "mine")
+    fourth = checker.check_job("python train.py {run_dir}")
+
+    assert fake_job.calls == [
+        (
+            "python train.py {run_dir}",
+            {"final": "final.pt", "crash_points": 4, "output_dir": tmp_path / "dcp-invariant-1"},
+        ),
+        (["python", "train.py", "{run_dir}"], {"output_dir": tmp_path / "mine"}),
+        ("python train.py {run_dir}", {"output_dir": tmp_path / "dcp-invariant-4"}),
+    ]
+    assert fake.calls == [("pkg.mod:make_app", {"output_dir": tmp_path / "dcp-invariant-2"})]
+    # A passing check returns its report.
+    assert [first, third, fourth] == fake_job.reports
+    assert first.evidence == tmp_path / "dcp-invariant-1" / "preempt.json"
+
+
+def test_a_failed_check_job_raises_an_assertion_error_whose_message_is_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCheckJob(failed=True)
+    monkeypatch.setattr(pytest_plugin, "check_job", fake)
+    with pytest.raises(AssertionError) as caught:
+        Checker(tmp_path).check_job("python train.py {run_dir}")
+    [report] = fake.reports
+    assert str(caught.value) == str(report) == "\n".join(JOB_FAILURE)
+
+
+@pytest.mark.parametrize(
+    ("command", "options", "line"),
+    [
+        (
+            "python train.py --out runs",
+            {},
+            "the command has no {run_dir}: put it where the job takes the directory it writes "
+            "its checkpoints to (e.g. --output-dir {run_dir}); each launch gets a fresh one",
+        ),
+        (
+            "python train.py {run_dir}",
+            {"crash_points": "4"},
+            "crash_points must be an int, got str '4'",
+        ),
+    ],
+)
+def test_check_job_bad_input_fails_the_test_with_one_line_and_no_traceback(
+    tmp_path: Path, command: str, options: dict[str, Any], line: str
+) -> None:
+    with pytest.raises(pytest.fail.Exception) as caught:
+        Checker(tmp_path).check_job(command, **options)
+    assert caught.value.msg == f"dcp-invariant: bad input: {line}"
+    assert caught.value.pytrace is False
+    assert caught.value.__context__ is None and caught.value.__cause__ is None
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_a_users_failed_check_job_shows_the_report_at_the_tests_own_line(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCheckJob(failed=True)
+    monkeypatch.setattr(pytest_plugin, "check_job", fake)
+    pytester.makepyfile(
+        test_user="""
+        def test_my_job_resumes(dcp_invariant, tmp_path):
+            dcp_invariant.check_job("python train.py {run_dir}", final="final.pt")
+        """
+    )
+    result = run_user_tests(pytester)
+    result.assert_outcomes(failed=1)
+    [(_, options)] = fake.calls
+    assert options["output_dir"].is_relative_to(pytester.path / "basetemp")
+    first, *rest = JOB_FAILURE
+    shown = ["E       AssertionError: " + first] + ["E       " + line for line in rest]
+    lines = result.outlines
+    start = lines.index(shown[0])
+    assert lines[start : start + len(shown)] == shown
+    assert '>       dcp_invariant.check_job("python train.py {run_dir}", final="final.pt")' in lines
+    assert not [line for line in lines if "pytest_plugin.py" in line or "raise Assert" in line]
+
+
+JOBS = Path(__file__).resolve().parent / "preempt_jobs"
+LIVE_TIMEOUT = 600
+
+# A user's tests of their own job (tests/preempt_jobs/single_process.py): saved with torch.save
+# straight onto ckpt.pt it cannot resume after a kill mid-write; replaced atomically it can.
+# Few crash points, as tests/preempt/test_preempt_live.py has them: six reach into torch.save's
+# writes; one save's rename is a point whatever the budget.
+_JOB_TESTS = """
+import shlex, sys
+
+JOB = {job!r}
+
+def test_in_place(dcp_invariant):
+    dcp_invariant.check_job(
+        [sys.executable, JOB, "{{run_dir}}", "--save", "in_place"],
+        final="final.pt", crash_points=6, timeout=120,
+    )
+
+def test_atomic(dcp_invariant, tmp_path):
+    command = shlex.join([sys.executable, JOB, "--save", "atomic", "--steps", "2", "{{run_dir}}"])
+    report = dcp_invariant.check_job(command, final="final.pt", crash_points=3, timeout=120)
+    assert report.passed and not [p for p in report.points if p.reasons]
+    assert report.evidence == tmp_path / "dcp-invariant-1" / "preempt.json"
+"""
+
+
+@pytest.mark.live
+@pytest.mark.skipif(sys.platform != "linux", reason="preempt runs on Linux only (LD_PRELOAD)")
+def test_a_users_check_job_fails_on_a_job_that_cannot_resume_and_passes_on_one_that_can(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin on real preempt checks, in a pytest of its own as a user's suite runs."""
+    scratch = pytester.path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # preempt's own scratch, to see it go
+    pytester.makepyfile(test_job=_JOB_TESTS.format(job=str(JOBS / "single_process.py")))
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--basetemp={pytester.path / 'basetemp'}",
+        timeout=LIVE_TIMEOUT,
+    )  # fmt: skip
+    result.assert_outcomes(failed=1, passed=1)
+    out = result.stdout.str()
+    assert "E       AssertionError: preempt: " in out, out
+    assert f"E       FAIL  {diagnosis.CANNOT_RESUME}: at " in out, out
+    assert "E       summary: " in out, out
+    # Each check's evidence under its own test's tmp_path, and verify derives it again.
+    evidence = sorted((pytester.path / "basetemp").rglob("preempt.json"))
+    assert [e.parent.name for e in evidence] == ["dcp-invariant-1"] * 2, evidence
+    assert len({e.parents[1] for e in evidence}) == 2
+    for directory in (e.parent for e in evidence):
+        verified = subprocess.run(
+            [sys.executable, "-m", "dcp_invariant", "verify", str(directory)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert verified.returncode in (0, 1) and verified.stdout.startswith(("FAIL", "pass")), (
+            verified.stdout + verified.stderr
+        )
+    assert not [p for p in scratch.iterdir() if p.name.startswith("dcp-invariant-")]
