@@ -62,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a fixture whose state holds a 1 GiB tensor, run at world size 1 ('' skips)",
     )
     parser.add_argument(
+        "--no-preempt",
+        dest="preempt",
+        action="store_false",
+        help="skip preempt on tests/preempt_jobs/single_process.py (Linux)",
+    )
+    parser.add_argument(
         "--no-own-save",
         dest="own_save",
         action="store_false",
@@ -104,9 +110,57 @@ def main(argv: list[str] | None = None) -> int:
         ok &= _library_fixture(args.library_fixture, import_seconds)
     if args.big_fixture:
         ok &= _big_fixture(args.big_fixture, import_seconds)
+    if args.preempt and sys.platform == "linux":
+        ok &= _preempt(import_seconds)
     if args.seal_gib > 0:
         _seal_benchmark(args.seal_gib)
     return 0 if ok else 1
+
+
+PREEMPT_JOB = ("single_process.py", "{run_dir}", "--save", "atomic", "--steps", "16")
+
+
+def _preempt(import_seconds: float) -> bool:
+    """preempt on a small single-process job that saves every 2 steps (8 saves): crash states
+    relaunched per second, and the tool's own share of the wall time (when no launch ran)."""
+    from dcp_invariant.preempt import command
+    from dcp_invariant.preempt.launch import Launches
+
+    jobs = Path(__file__).resolve().parent / "preempt_jobs"
+    options = command.checked_options(
+        [sys.executable, str(jobs / PREEMPT_JOB[0]), *PREEMPT_JOB[1:]],
+        None,
+        "final.pt",
+        command.DEFAULT_CRASH_POINTS,
+        command.DEFAULT_TIMEOUT,
+    )
+    launches = Launches()
+    start = time.monotonic()
+    try:
+        outcome = command.check(options, launches)
+    finally:
+        launches.stop_all()
+    wall = time.monotonic() - start
+    _, code = command.report(outcome)
+    states = len(outcome.relaunches)
+    idle = wall - _covered(launches.spans)
+    print(
+        f"\npreempt, {PREEMPT_JOB[0]} {' '.join(PREEMPT_JOB[2:])}: {states} crash states in "
+        f"{wall:.1f} s ({'pass' if code == 0 else 'FAIL'}), {states / wall:.2f} states/s, "
+        f"{wall / import_seconds:.1f} units; the tool's own time (no launch running) "
+        f"{idle:.1f} s, {100 * idle / wall:.0f}%"
+    )
+    return code == 0
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """How long at least one of ``spans`` was under way."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def _fixture_run(fixture: str, import_seconds: float, registered: float) -> bool:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,6 +53,18 @@ class Launches:
         self._lock = threading.Lock()
         self._live: set[int] = set()
         self.stopping = False
+        # When each launch ran (time.monotonic): the benchmark's measure of the tool's own
+        # overhead, the time no launch was running. Never in the evidence.
+        self.spans: list[tuple[float, float]] = []
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.spans.append((start, time.monotonic()))
 
     def run(
         self,
@@ -80,7 +93,8 @@ class Launches:
         if started is not None:
             started(proc.pid)
         try:
-            code: int | None = proc.wait(timeout=timeout)
+            with self._timed():
+                code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = None
         finally:
@@ -106,9 +120,17 @@ class Launches:
         with self._lock:
             if self.stopping:
                 raise InterruptedError("the run is being interrupted")
-        pid, conn = server.start(argv, os.getcwd(), environment, str(output))
-        with self._lock:
-            self._live.add(pid)  # stop_all kills it: its keeper then answers at once
+        with self._timed():
+            pid, conn = server.start(argv, os.getcwd(), environment, str(output))
+            with self._lock:
+                self._live.add(pid)  # stop_all kills it: its keeper then answers at once
+            code = self._waited(server, conn, pid, timeout)
+        text = output.read_text(encoding="utf-8", errors="replace")
+        return Launch(code, text.splitlines())
+
+    def _waited(
+        self, server: relaunch_server.Client, conn: socket.socket, pid: int, timeout: float
+    ) -> int | None:
         try:
             code = server.wait(conn, timeout)
             if code is None:
@@ -116,8 +138,7 @@ class Launches:
         finally:
             with self._lock:
                 self._live.discard(pid)
-        text = output.read_text(encoding="utf-8", errors="replace")
-        return Launch(code, text.splitlines())
+        return code
 
     def stop_all(self) -> None:
         with self._lock:

@@ -177,12 +177,13 @@ def test_a_pointer_written_once_the_async_save_is_done_passes(tmp_path: Path) ->
 def test_a_relaunch_runs_the_script_as_a_fresh_launch_would(tmp_path: Path) -> None:
     """Relaunches of `python script.py` are forked from a server that imported torch once:
     argv, __name__, sys.path[0], the working directory and the environment must be as a fresh
-    launch sets them, or the job's step lines (a digest of them) would differ. Its evidence is
-    the same bytes in two checks, and verify derives the verdicts again from it."""
+    launch sets them, or the job's step lines (a digest of them) would differ; and it must end
+    as the interpreter's exit does, or its final file would. Its evidence is the same bytes in
+    two checks, and verify derives the verdicts again from it."""
     job = (sys.executable, "as_launched.py", "{run_dir}")
     evidence = [tmp_path / "first", tmp_path / "second"]
     done = [
-        preempt(tmp_path, *job, points=4, final=None, options=("--output-dir", str(e)))
+        preempt(tmp_path, *job, points=4, final="final.txt", options=("--output-dir", str(e)))
         for e in evidence
     ]
     assert done[0].returncode == 0, done[0].stdout + done[0].stderr
