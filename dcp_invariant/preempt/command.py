@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from dcp_invariant import plan
 from dcp_invariant.errors import PreemptInputError
 from dcp_invariant.evidence.preempt import operations, record, step_lines, verdict
-from dcp_invariant.evidence.preempt.operations import Operation, Point
+from dcp_invariant.evidence.preempt.operations import Identity, Operation, Point
 from dcp_invariant.preempt import final_state, interposer, states
 from dcp_invariant.preempt.launch import RUN_DIR, Launch, Launches
 
@@ -154,21 +154,19 @@ def check(options: Options, launches: Launches) -> Outcome:
         root = Path(scratch)
         first = _instrumented(options, launches, library, root / "launch-1", None)
         points = operations.chosen(first.operations, options.crash_points)
-        chosen = {operations.key(o) for o in points}
-        second, third = _instrumented_twice(options, launches, library, root, chosen)
+        found = dict(zip(first.operations, operations.identities(first.operations), strict=True))
+        chosen = {found[p]: p for p in points}
+        second, third = _instrumented_twice(options, launches, library, root, set(chosen))
         _agree(options, first, second)
-        varied = _varied(first.operations, second.operations, points)
-        varied |= _varied(first.operations, third.operations, points, "third")
-        varied |= _other_states(second.taken, third.taken, varied)
-        crash_states: dict[Point, Path] = {}
-        for taken, state in second.taken.items():
-            killed = operations.point("kill", taken)
-            if killed not in varied:
-                crash_states[killed] = state
-        terms = operations.terminated(first.operations, options.sigterm_points)
+        crash_states, varied = _one_state_each(chosen, second.taken, third.taken)
+        terms = {
+            found[p]: p for p in operations.terminated(first.operations, options.sigterm_points)
+        }
         signalled, unjudged = _terminated_all(options, launches, library, root, terms)
         crash_states |= signalled
         varied |= unjudged
+        if not crash_states:
+            _nothing_judged(varied)
         relaunches, tails = _relaunch_all(options, launches, root, crash_states, first.run_dir)
     reasons = verdict.judged(
         first.operations, relaunches, first.steps, options.timeout, options.grace
@@ -182,7 +180,7 @@ class _Run:
     launch: Launch
     steps: dict[int, list[str]]
     operations: list[Operation]
-    taken: dict[tuple[str, int], Path]
+    taken: dict[Identity, Path]
 
 
 def _instrumented(
@@ -190,7 +188,7 @@ def _instrumented(
     launches: Launches,
     library: Path,
     root: Path,
-    chosen: set[tuple[str, int]] | None,
+    chosen: set[Identity] | None,
 ) -> _Run:
     snapshots = root / "states"
     snapshots.mkdir(parents=True)
@@ -223,13 +221,13 @@ def _terminated_all(
     launches: Launches,
     library: Path,
     root: Path,
-    points: Sequence[Operation],
+    points: dict[Identity, Operation],
 ) -> tuple[dict[Point, Path], dict[Point, str]]:
     """Each SIGTERM point's launch, in parallel where cores are free: the states they left,
     and the points not judged, with why."""
 
-    def one(numbered: tuple[int, Operation]) -> tuple[Point, Path, str | None]:
-        number, operation = numbered
+    def one(numbered: tuple[int, tuple[Identity, Operation]]) -> tuple[Point, Path, str | None]:
+        number, (identity, operation) = numbered
         at = root / f"sigterm-{number:03d}"
         at.mkdir()
         recorder = Recorder(
@@ -237,7 +235,7 @@ def _terminated_all(
             at / "run",
             at / "output.log",
             options.step_line,
-            terminate=operations.key(operation),
+            terminate=identity,
             grace=options.grace,
         )
         _launched(options, launches, library, recorder)
@@ -253,7 +251,7 @@ def _terminated_all(
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(points), _cores()))) as pool:
         try:
-            results = list(pool.map(one, enumerate(points)))
+            results = list(pool.map(one, enumerate(points.items())))
         except BaseException:
             launches.stop_all()  # as in _relaunch_all: an interrupt kills the launches first
             raise
@@ -311,7 +309,7 @@ def _instrumented_twice(
     launches: Launches,
     library: Path,
     root: Path,
-    chosen: set[tuple[str, int]],
+    chosen: set[Identity],
 ) -> tuple[_Run, _Run]:
     """The second and third launches, side by side where cores are free: each takes every
     chosen crash state, so that a state that differs between them is known (:mod:`.states`)."""
@@ -329,41 +327,35 @@ def _instrumented_twice(
     return second, third
 
 
-def _varied(
-    first: Sequence[Operation],
-    other: Sequence[Operation],
-    points: Sequence[Operation],
-    which: str = "second",
-) -> dict[Point, str]:
-    """The chosen points whose operation another launch did not make alike: their state is
-    not one state of the job, so they are recorded and not judged. The steps printed before
-    it do not count: a rank that prints none makes its operations before or after another's
-    step line as timing has it, and the state itself is compared (:func:`_other_states`)."""
-    others = {operations.key(o): _made(o) for o in other}
-    return {
-        operations.point("kill", p): f"the {which} run did not make this operation alike"
-        for p in points
-        if others.get(operations.key(p)) != _made(p)
-    }
+def _one_state_each(
+    chosen: dict[Identity, Operation],
+    second: dict[Identity, Path],
+    third: dict[Identity, Path],
+) -> tuple[dict[Point, Path], dict[Point, str]]:
+    """The chosen points both launches reached, with the state the second took, where both
+    took one state (:mod:`.states`); and why each other point is not judged."""
+    crash_states: dict[Point, Path] = {}
+    varied: dict[Point, str] = {}
+    for identity, operation in chosen.items():
+        point = operations.point("kill", operation)
+        missed = [w for w, taken in (("second", second), ("third", third)) if identity not in taken]
+        differs = None if missed else states.first_difference(second[identity], third[identity])
+        if missed:
+            varied[point] = f"the {missed[0]} run did not make this operation"
+        elif differs is not None:
+            varied[point] = f"two runs left other states here ({differs})"
+        else:
+            crash_states[point] = second[identity]
+    return crash_states, varied
 
 
-def _made(operation: Operation) -> tuple[str, str, str]:
-    return operation.op, operation.path, operation.target
-
-
-def _other_states(
-    second: dict[tuple[str, int], Path],
-    third: dict[tuple[str, int], Path],
-    varied: dict[Point, str],
-) -> dict[Point, str]:
-    """The points whose two snapshots differ: the job's other processes had got elsewhere."""
-    found = {}
-    for taken in second.keys() & third.keys():
-        point = operations.point("kill", taken)
-        differs = None if point in varied else states.first_difference(second[taken], third[taken])
-        if differs is not None:
-            found[point] = f"two runs left other states here ({differs})"
-    return found
+def _nothing_judged(varied: dict[Point, str]) -> None:
+    """Every point was skipped: a pass would say nothing, so it is bad input, with why."""
+    why = next(iter(varied.values()), "the job made no operation that is a crash point")
+    raise PreemptInputError(
+        f"no crash point could be judged ({len(varied)} skipped; the first: {why}): make the "
+        "job's saves repeat alike from run to run (the same files, written by the same process)"
+    )
 
 
 def _relaunch_all(

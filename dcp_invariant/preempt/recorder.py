@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dcp_invariant.evidence.preempt.operations import Numbering, Operation, key
+from dcp_invariant.evidence.preempt.operations import Identity, Numbering, Occurrences, Operation
 from dcp_invariant.evidence.preempt.step_lines import steps
 from dcp_invariant.preempt import launch
 
@@ -39,8 +39,8 @@ ROOT_ENV = "DCP_INVARIANT_PREEMPT_ROOT"
 
 class Recorder:
     """Serves one instrumented launch: its operations in order, and the crash states taken
-    at ``chosen`` (keys of :func:`.operations.key`) into ``snapshots``; or, with ``terminate``,
-    SIGTERM before that operation and SIGKILL ``grace`` seconds later."""
+    at ``chosen`` (each an :data:`.operations.Identity`) into ``snapshots``; or, with
+    ``terminate``, SIGTERM before that operation and SIGKILL ``grace`` seconds later."""
 
     def __init__(
         self,
@@ -48,13 +48,13 @@ class Recorder:
         run_dir: Path,
         output: Path,
         regex: re.Pattern[str],
-        chosen: set[tuple[str, int]] | None = None,
+        chosen: set[Identity] | None = None,
         snapshots: Path | None = None,
-        terminate: tuple[str, int] | None = None,
+        terminate: Identity | None = None,
         grace: float = 0.0,
     ) -> None:
         self.operations: list[Operation] = []
-        self.taken: dict[tuple[str, int], Path] = {}
+        self.taken: dict[Identity, Path] = {}
         # AF_UNIX paths stop at 108 bytes (104 on macOS): a long TMPDIR cannot hold the
         # socket, so it lives in a short directory of its own (/tmp), removed with the server.
         self._sockets = Path(tempfile.mkdtemp(prefix="dcpi-", dir=_short_parent(directory)))
@@ -62,6 +62,7 @@ class Recorder:
         self.run_dir, self.output, self._regex = run_dir, output, regex
         self._chosen, self._snapshots = chosen or set(), snapshots
         self._numbering = Numbering()
+        self._occurrences = Occurrences()
         self._lock = threading.Lock()
         self._seen = 0  # bytes of the output already read
         self._partial = ""
@@ -120,9 +121,10 @@ class Recorder:
             if operation is None:
                 return
             self.operations.append(operation)
-            if key(operation) in self._chosen and self._snapshots is not None:
-                self._take(operation)
-            if key(operation) == self._terminate and not self.terminated:
+            identity = self._occurrences.of(operation)
+            if identity in self._chosen and self._snapshots is not None:
+                self._take(identity)
+            if identity == self._terminate and not self.terminated:
                 self._signal_leader()
 
     def _signal_leader(self) -> None:
@@ -154,7 +156,7 @@ class Recorder:
             self._last_step = max(self._last_step, max(found))
         return self._last_step
 
-    def _take(self, operation: Operation) -> None:
+    def _take(self, identity: Identity) -> None:
         assert self._snapshots is not None and self.leader is not None
         if sys.platform == "win32":  # refused before any launch: interposer.library()
             raise NotImplementedError("preempt runs on Linux")
@@ -165,7 +167,7 @@ class Recorder:
             launch.stopped(pids)
             target = self._snapshots / f"{len(self.taken):05d}"
             shutil.copytree(self.run_dir, target, symlinks=True)
-            self.taken[key(operation)] = target
+            self.taken[identity] = target
         finally:
             for pid in pids:
                 _signal(pid, signal.SIGCONT)

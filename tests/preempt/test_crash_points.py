@@ -6,6 +6,7 @@ from dcp_invariant.evidence.preempt.operations import (
     Numbering,
     Operation,
     chosen,
+    identities,
     intact_saves,
     key,
     terminated,
@@ -93,3 +94,20 @@ def test_sigterm_points_are_save_starts_and_middles_within_their_budget() -> Non
     ]
     assert terminated(operations, 1) == [every[-1]]  # the last save's, always
     assert terminated(operations, 0) == []
+
+
+def test_an_operation_is_found_again_by_what_it_did_not_its_number() -> None:
+    """Which rank makes a shared parent directory is a race: the one that does has one more
+    operation, and every later number shifts; what the operation did, and how often before,
+    does not."""
+    first = Numbering()
+    won = [first.parse(line, 2) for line in ("mkdir\t0\tckpt\t", "mkdir\t0\tckpt/step-2\t")]
+    second = Numbering()
+    lost = [second.parse("mkdir\t0\tckpt/step-2\t", 2)]
+    assert won[1] is not None and lost[0] is not None and won[1].index != lost[0].index
+    assert identities(o for o in won if o)[1] == identities(o for o in lost if o)[0]
+    twice = ops(("write", "ckpt.pt", 2), ("write", "ckpt.pt", 2))
+    assert identities(twice) == [
+        ("main", "write", "ckpt.pt", "", 0),
+        ("main", "write", "ckpt.pt", "", 1),
+    ]

@@ -100,6 +100,31 @@ def key(operation: Operation) -> tuple[str, int]:
     return (operation.rank, operation.index)
 
 
+# What finds an operation again in another launch: its process, kind and paths, and how many
+# times that process had made the same operation before. Not its number among all of the
+# process's operations: a harmless race (which rank makes a shared parent directory) shifts
+# every later number, and each point would be lost.
+Identity = tuple[str, Op, str, str, int]
+
+
+class Occurrences:
+    """Each operation's :data:`Identity`, in the order a launch makes them."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, Op, str, str], int] = {}
+
+    def of(self, operation: Operation) -> Identity:
+        made = (operation.rank, operation.op, operation.path, operation.target)
+        before = self._made.get(made, 0)
+        self._made[made] = before + 1
+        return (*made, before)
+
+
+def identities(operations: Iterable[Operation]) -> list[Identity]:
+    occurrences = Occurrences()
+    return [occurrences.of(o) for o in operations]
+
+
 def point(how: How, operation: Operation | tuple[str, int]) -> Point:
     rank, index = key(operation) if isinstance(operation, Operation) else operation
     return (how, rank, index)
