@@ -381,7 +381,9 @@ def _relaunch_all(
             )
         steps = step_lines.steps(done.lines, options.step_line)
         record: verdict.Relaunch = {"exit_code": done.exit_code, "steps": steps, "final": final}
-        return point, record, done.tail
+        error = done.first_error
+        shown = done.tail if error is None or error in done.tail else [error, "...", *done.tail]
+        return point, record, shown
 
     try:
         server = _server_for(options, root) if taken else None
@@ -447,8 +449,7 @@ def report(outcome: Outcome) -> tuple[list[str], int]:
         lines += [f"      - {rest}" for _, rest in seen]
         first = seen[0][0]
         if outcome.relaunches[first]["exit_code"] != 0:
-            lines.append("      the first relaunch's last lines:")
-            lines += [f"      | {line[:200]}" for line in outcome.tails.get(first, [])[-5:]]
+            lines += _relaunch_output(outcome.tails.get(first, []))
     if passed:
         named = "; ".join(outcome.described(p) for p in passed)
         lines.append(f"ok    {len(passed)} crash points: {named}")
@@ -459,3 +460,12 @@ def report(outcome: Outcome) -> tuple[list[str], int]:
     failed = len(outcome.reasons) - len(passed)
     lines.append(f"summary: {len(passed)} passed, {failed} failed")
     return lines, 1 if failed else 0
+
+
+def _relaunch_output(tail: list[str]) -> list[str]:
+    """A failed relaunch's output: the first exception it named, where that is not among its
+    last lines (a launcher's summary can end them), then its last lines."""
+    error_first = tail[1:2] == ["..."]
+    shown = tail[:2] + tail[-5:] if error_first else tail[-5:]
+    what = "first error and last lines" if error_first else "last lines"
+    return [f"      the first relaunch's {what}:", *(f"      | {line[:200]}" for line in shown)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from dcp_invariant.preempt import relaunch_server
 
 RUN_DIR = "{run_dir}"
+# A traceback's last line: an exception's dotted name, then its message.
+_ERROR = re.compile(
+    r"^(\[(default)?rank\d+\]:\s*)?([A-Za-z_][\w]*\.)*[A-Za-z_]\w*(Error|Exception)(: |$)"
+)
 # What a relaunch's failure shows of its output.
 TAIL_LINES = 12
 
@@ -39,6 +44,12 @@ class Launch:
     @property
     def tail(self) -> list[str]:
         return self.lines[-TAIL_LINES:]
+
+    @property
+    def first_error(self) -> str | None:
+        """The first line that names an exception (``ValueError: ...``, torchrun's rank output
+        prefixed ``[rank1]:``): the cause, where a launcher's own summary ends the output."""
+        return next((line for line in self.lines if _ERROR.match(line)), None)
 
 
 def filled(command: Sequence[str], run_dir: Path) -> list[str]:
