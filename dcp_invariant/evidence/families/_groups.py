@@ -29,15 +29,14 @@ def group_finished(group: GroupRecord, world_size: int, where: str) -> list[str]
 def rank_exits(group: GroupRecord, where: str) -> list[str]:
     """Each rank that did not exit 0, by cause: what the user's code raised, or that it left
     without reporting (code 0 or not), or failed after it had reported."""
-    reported = {r["rank"] for r in group["ranks"] if isinstance(r, dict)}
     stopped = _stopped(group)
+    silent = _silent(group, stopped)
     raised = {r["rank"]: r for r in group.get("raised", [])}
-    unfinished = set(group.get("unfinished", []))
     reasons = []
     for rank, code in enumerate(group["exit_codes"]):
         if rank in raised:
             reasons.append(_raised(raised[rank], where))
-        elif rank not in reported or (rank in unfinished and rank not in stopped):
+        elif rank in silent:
             reasons.append(
                 f"{diagnosis.NO_REPORT}: {where} rank {rank}: exited with code {code} before its "
                 "task finished; its log says why (a loop that calls os._exit, or sys.exit "
@@ -54,11 +53,19 @@ def rank_exits(group: GroupRecord, where: str) -> list[str]:
 def ended_early(group: GroupRecord) -> bool:
     """The user's code ended a rank of the group, or a rank left without reporting: what the
     group's ranks then lack (steps, a load) is a consequence, not a reason of its own."""
+    return bool(group.get("raised") or _silent(group, _stopped(group)))
+
+
+def _silent(group: GroupRecord, stopped: set[int]) -> set[int]:
+    """The ranks that left without reporting, or reported but exited 0 before their task
+    finished (``unfinished``), other than those stopped at a non-finite loss."""
     reported = {r["rank"] for r in group["ranks"] if isinstance(r, dict)}
-    unfinished = set(group.get("unfinished", [])) - _stopped(group)
-    return bool(group.get("raised") or unfinished) or any(
-        r not in reported for r in range(len(group["exit_codes"]))
-    )
+    unfinished = set(group.get("unfinished", [])) - stopped
+    return {
+        rank
+        for rank in range(len(group["exit_codes"]))
+        if rank not in reported or rank in unfinished
+    }
 
 
 def _stopped(group: GroupRecord) -> set[int]:
