@@ -45,14 +45,18 @@ def stragglers_path(group: str, rank: int) -> str:
     return f"results/{group}-rank{rank}.left"
 
 
+def _written(
+    workdir: Path, group: str, world_size: int, path_of: Callable[[str, int], str]
+) -> dict[int, Path]:
+    """The group's ranks that wrote their file named by ``path_of``, with its path."""
+    found = {rank: workdir / path_of(group, rank) for rank in range(world_size)}
+    return {rank: path for rank, path in found.items() if path.exists()}
+
+
 def stragglers(workdir: Path, group: str, world_size: int) -> list[str]:
     """What the group's ranks reported leaving running (:func:`stragglers_path`)."""
-    names: list[str] = []
-    for rank in range(world_size):
-        path = workdir / stragglers_path(group, rank)
-        if path.exists():
-            names += path.read_text(errors="replace").split()
-    return names
+    written = _written(workdir, group, world_size, stragglers_path).values()
+    return [name for path in written for name in path.read_text(errors="replace").split()]
 
 
 def raised_path(group: str, rank: int) -> str:
@@ -63,11 +67,9 @@ def raised_path(group: str, rank: int) -> str:
 def raised(workdir: Path, group: str, world_size: int) -> list[RaisedRecord]:
     """Each rank's record of what the user's code raised and where, for the ranks it ended."""
     records: list[RaisedRecord] = []
-    for rank in range(world_size):
-        path = workdir / raised_path(group, rank)
-        if path.exists():
-            record: RaisedRecord = canonical.loads(path.read_bytes(), what=path.name)
-            records.append(record)
+    for path in _written(workdir, group, world_size, raised_path).values():
+        record: RaisedRecord = canonical.loads(path.read_bytes(), what=path.name)
+        records.append(record)
     return records
 
 
@@ -87,12 +89,11 @@ def finished_path(group: str, rank: int) -> str:
 
 def unfinished(workdir: Path, group: str, world_size: int) -> list[int]:
     """The ranks whose task neither returned nor ended in the user's exception (:func:`raised`)."""
-    return [
-        rank
-        for rank in range(world_size)
-        if not (workdir / finished_path(group, rank)).exists()
-        and not (workdir / raised_path(group, rank)).exists()
-    ]
+    ended = (
+        _written(workdir, group, world_size, finished_path).keys()
+        | _written(workdir, group, world_size, raised_path).keys()
+    )
+    return [rank for rank in range(world_size) if rank not in ended]
 
 
 def log_path(group: str, rank: int) -> str:
