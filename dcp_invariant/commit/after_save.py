@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcp_invariant import canonical, regular_file
+from dcp_invariant.commit import tree
 from dcp_invariant.commit.errors import SealError
-from dcp_invariant.commit.receipt import MAX_DEPTH, MAX_DIRECTORIES
+from dcp_invariant.commit.receipt import MAX_DIRECTORIES
 from dcp_invariant.dcp_layout import MAX_FILES
 
 SUFFIX = ".saved-rank{rank}.json"
@@ -91,25 +92,12 @@ def _state(st: os.stat_result) -> str:
 
 def _entries(directory: Path) -> dict[str, str] | None:
     """Every entry under ``directory`` by relative path, with its state; None past
-    ``_MAX_ENTRIES`` entries. Directories are entered no deeper than a receipt's, and never
-    through a symlink."""
+    ``_MAX_ENTRIES`` entries (:func:`.tree.walk` bounds the depth and follows no symlink)."""
     out: dict[str, str] = {}
-    pending = [("", directory)]
-    while pending:
-        prefix, here = pending.pop()
-        try:
-            with os.scandir(here) as it:
-                entries = list(it)
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # removed since its parent was listed: its parent's entry says so
-        for entry in entries:
-            st = entry.stat(follow_symlinks=False)
-            rel = prefix + entry.name
-            out[rel] = _state(st)
-            if len(out) > _MAX_ENTRIES:
-                return None
-            if stat.S_ISDIR(st.st_mode) and rel.count("/") < MAX_DEPTH:
-                pending.append((f"{rel}/", Path(entry.path)))
+    for rel, st in tree.walk(directory):
+        out[rel] = _state(st)
+        if len(out) > _MAX_ENTRIES:
+            return None
     return out
 
 

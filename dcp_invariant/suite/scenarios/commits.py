@@ -7,7 +7,6 @@ Torch-free: on this machine the runner commits; in a torchrun job rank 0 does
 from __future__ import annotations
 
 import hashlib
-import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from dcp_invariant.commit import (
     SealError,
     after_save,
     receipt,
+    tree,
 )
 from dcp_invariant.evidence.diagnosis import WRITTEN_AFTER_SAVE
 from dcp_invariant.evidence.families.records import CommitRecord, FailureRecord, FileSize
@@ -140,21 +140,11 @@ def _listing(directory: Path) -> list[FileSize]:
     a receipt's, and as many files listed as a commit record holds."""
     if not directory.is_dir():
         return []
-    out: list[FileSize] = []
-    pending = [("", directory)]
-    while pending:
-        prefix, here = pending.pop()
-        try:
-            with os.scandir(here) as it:
-                entries = list(it)
-        except OSError:
-            continue  # vanished or unreadable: the seal's error says what it met
-        for entry in entries:
-            st = entry.stat(follow_symlinks=False)
-            rel = prefix + entry.name
-            if stat.S_ISREG(st.st_mode):
-                out.append({"path": canonical.printable(rel), "size": st.st_size})
-            elif stat.S_ISDIR(st.st_mode) and rel.count("/") < receipt.MAX_DEPTH:
-                pending.append((f"{rel}/", Path(entry.path)))
+    out: list[FileSize] = [
+        {"path": canonical.printable(rel), "size": st.st_size}
+        # Unreadable too: the seal's error says what it met.
+        for rel, st in tree.walk(directory, skipped=(OSError,))
+        if stat.S_ISREG(st.st_mode)
+    ]
     out.sort(key=lambda f: f["path"])
     return out[: dcp_layout.MAX_FILES]
