@@ -23,7 +23,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from pathlib import Path
 from dcp_invariant.evidence.preempt.operations import Identity, Numbering, Occurrences, Operation
 from dcp_invariant.evidence.preempt.step_lines import steps
 from dcp_invariant.preempt import launch
+from dcp_invariant.preempt.sockets import socket_directory
 
 SOCKET_ENV = "DCP_INVARIANT_PREEMPT_SOCKET"
 ROOT_ENV = "DCP_INVARIANT_PREEMPT_ROOT"
@@ -55,9 +55,7 @@ class Recorder:
     ) -> None:
         self.operations: list[Operation] = []
         self.taken: dict[Identity, Path] = {}
-        # AF_UNIX paths stop at 108 bytes (104 on macOS): a long TMPDIR cannot hold the
-        # socket, so it lives in a short directory of its own (/tmp), removed with the server.
-        self._sockets = Path(tempfile.mkdtemp(prefix="dcpi-", dir=_short_parent(directory)))
+        self._sockets = Path(socket_directory(str(directory)))  # removed with the server
         self._path = self._sockets / "ops"
         self.run_dir, self.output, self._regex = run_dir, output, regex
         self._chosen, self._snapshots = chosen or set(), snapshots
@@ -171,11 +169,6 @@ class Recorder:
         finally:
             for pid in pids:
                 _signal(pid, signal.SIGCONT)
-
-
-def _short_parent(directory: Path) -> str:
-    """``directory``, or /tmp where a socket path under it would be too long."""
-    return str(directory) if len(str(directory)) <= 80 or not os.path.isdir("/tmp") else "/tmp"
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

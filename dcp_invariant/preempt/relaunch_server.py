@@ -178,14 +178,12 @@ class Client:
 
     def __init__(self, python: str, env: dict[str, str], directory: str, timeout: float) -> None:
         import subprocess
-        import tempfile
         from pathlib import Path
 
         import dcp_invariant
+        from dcp_invariant.preempt.sockets import socket_directory
 
-        # AF_UNIX paths stop at 108 bytes: a long TMPDIR cannot hold the socket.
-        short = "/tmp" if len(directory) > 80 and os.path.isdir("/tmp") else directory
-        self._sockets = tempfile.mkdtemp(prefix="dcpi-", dir=short)
+        self._sockets = socket_directory(directory)
         self.socket_path = os.path.join(self._sockets, "relaunch")
         root = str(Path(dcp_invariant.__file__).resolve().parent.parent)
         code = SERVER_CODE.format(package_root=root, socket_path=self.socket_path, tool=os.getpid())
