@@ -6,8 +6,9 @@ relaunched on what each kill left, judged against its uninterrupted run.
    each one and copy the run directory as it stands. The first two must agree (step lines,
    final state), or nothing can be judged: bad input. A point whose two copies differ is no
    single state of the job (:mod:`.states`): recorded, not judged.
-2. Each SIGTERM point is a launch of its own, signalled before its operation and killed once
-   the grace period is over (:mod:`.recorder`); what it left is its crash state.
+2. Each SIGTERM point is a launch of its own, beside the second and third, signalled before
+   its operation and killed once the grace period is over (:mod:`.recorder`); what it left is
+   its crash state.
 3. Each crash state is relaunched with the same command, in parallel where cores are free,
    and judged (:mod:`.verdict`).
 """
@@ -156,13 +157,14 @@ def check(options: Options, launches: Launches) -> Outcome:
         points = operations.chosen(first.operations, options.crash_points)
         found = dict(zip(first.operations, operations.identities(first.operations), strict=True))
         chosen = {found[p]: p for p in points}
-        second, third = _instrumented_twice(options, launches, library, root, set(chosen))
-        _agree(options, first, second)
-        crash_states, varied = _one_state_each(chosen, second.taken, third.taken)
         terms = {
             found[p]: p for p in operations.terminated(first.operations, options.sigterm_points)
         }
-        signalled, unjudged = _terminated_all(options, launches, library, root, terms)
+        second, third, signalled, unjudged = _launched_together(
+            options, launches, library, root, set(chosen), terms
+        )
+        _agree(options, first, second)
+        crash_states, varied = _one_state_each(chosen, second.taken, third.taken)
         crash_states |= signalled
         varied |= unjudged
         if not crash_states:
@@ -216,47 +218,68 @@ def _launched(options: Options, launches: Launches, library: Path, recorder: Rec
         )
 
 
-def _terminated_all(
+def _launched_together(
     options: Options,
     launches: Launches,
     library: Path,
     root: Path,
-    points: dict[Identity, Operation],
-) -> tuple[dict[Point, Path], dict[Point, str]]:
-    """Each SIGTERM point's launch, in parallel where cores are free: the states they left,
-    and the points not judged, with why."""
-
-    def one(numbered: tuple[int, tuple[Identity, Operation]]) -> tuple[Point, Path, str | None]:
-        number, (identity, operation) = numbered
-        at = root / f"sigterm-{number:03d}"
-        at.mkdir()
-        recorder = Recorder(
-            at,
-            at / "run",
-            at / "output.log",
-            options.step_line,
-            terminate=identity,
-            grace=options.grace,
-        )
-        _launched(options, launches, library, recorder)
-        why = None
-        if not recorder.terminated:
-            why = "the launch did not reach this operation alike, so it was never signalled"
-        elif recorder.outlived_grace:
-            why = (
-                f"the job was still running {options.grace:g} s after SIGTERM, so where SIGKILL "
-                "found it is chance (the SIGKILL points cover such states)"
-            )
-        return operations.point("term", operation), recorder.run_dir, why
-
-    with ThreadPoolExecutor(max_workers=max(1, min(len(points), _cores()))) as pool:
+    chosen: set[Identity],
+    terms: dict[Identity, Operation],
+) -> tuple[_Run, _Run, dict[Point, Path], dict[Point, str]]:
+    """The second and third launches, which each take every chosen crash state (so that a state
+    that differs between them is known, :mod:`.states`), and each SIGTERM point's launch, side
+    by side where cores are free: the two runs, the states the signals left, and the SIGTERM
+    points not judged, with why."""
+    with ThreadPoolExecutor(max_workers=_cores()) as pool:
         try:
-            results = list(pool.map(one, enumerate(points.items())))
+            # Names of one length: DCP's .metadata holds its checkpoint's path (storage_meta),
+            # so paths of other lengths would give states of other sizes.
+            runs = [
+                pool.submit(_instrumented, options, launches, library, root / name, chosen)
+                for name in ("launch-2", "launch-3")
+            ]
+            signals = [
+                pool.submit(_signalled, options, launches, library, root / f"sigterm-{n:03d}", *it)
+                for n, it in enumerate(terms.items())
+            ]
+            second, third = (run.result() for run in runs)
+            results = [signal.result() for signal in signals]
         except BaseException:
             launches.stop_all()  # as in _relaunch_all: an interrupt kills the launches first
             raise
     states = {p: state for p, state, why in results if why is None}
-    return states, {p: why for p, _, why in results if why is not None}
+    return second, third, states, {p: why for p, _, why in results if why is not None}
+
+
+def _signalled(
+    options: Options,
+    launches: Launches,
+    library: Path,
+    at: Path,
+    identity: Identity,
+    operation: Operation,
+) -> tuple[Point, Path, str | None]:
+    """One SIGTERM point's launch: its point, the state it left, and why it is not judged
+    (None: it is)."""
+    at.mkdir()
+    recorder = Recorder(
+        at,
+        at / "run",
+        at / "output.log",
+        options.step_line,
+        terminate=identity,
+        grace=options.grace,
+    )
+    _launched(options, launches, library, recorder)
+    why = None
+    if not recorder.terminated:
+        why = "the launch did not reach this operation alike, so it was never signalled"
+    elif recorder.outlived_grace:
+        why = (
+            f"the job was still running {options.grace:g} s after SIGTERM, so where SIGKILL "
+            "found it is chance (the SIGKILL points cover such states)"
+        )
+    return operations.point("term", operation), recorder.run_dir, why
 
 
 def _usable(options: Options, run: _Run) -> None:
@@ -302,29 +325,6 @@ def _agree(options: Options, first: _Run, second: _Run) -> None:
             "judged: seed every generator, fix the thread count, use no data-loader workers or "
             "seed them, and use deterministic kernels (torch.use_deterministic_algorithms)"
         )
-
-
-def _instrumented_twice(
-    options: Options,
-    launches: Launches,
-    library: Path,
-    root: Path,
-    chosen: set[Identity],
-) -> tuple[_Run, _Run]:
-    """The second and third launches, side by side where cores are free: each takes every
-    chosen crash state, so that a state that differs between them is known (:mod:`.states`)."""
-    with ThreadPoolExecutor(max_workers=min(2, _cores())) as pool:
-        try:
-            second, third = pool.map(
-                # Names of one length: DCP's .metadata holds its checkpoint's path
-                # (storage_meta), so paths of other lengths would give states of other sizes.
-                lambda name: _instrumented(options, launches, library, root / name, chosen),
-                ["launch-2", "launch-3"],
-            )
-        except BaseException:
-            launches.stop_all()  # as in _relaunch_all: an interrupt kills the launches first
-            raise
-    return second, third
 
 
 def _one_state_each(

@@ -40,12 +40,9 @@ serve({socket_path!r}, base, {tool})
 def serve(socket_path: str, base_path: list[str], tool: int) -> None:
     """The server's main: import torch, then fork a keeper per request until the tool hangs up."""
     _die_with(tool)
-    import contextlib
     import signal
 
-    # What every relaunch would import again; a job without torch still saves the start.
-    with contextlib.suppress(ImportError):
-        import torch  # noqa: F401
+    _preload()
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -67,6 +64,27 @@ def serve(socket_path: str, base_path: list[str], tool: int) -> None:
                 request["base_path"] = base_path
                 request["server"] = server
                 _keep(conn, request)  # never returns
+
+
+def _preload() -> None:
+    """Import what every relaunch would import again: torch, and what torch imports on its
+    first use (:mod:`dcp_invariant.torch_first_use`: constructing an optimizer imports
+    torch._dynamo, about 1 s of a small job's relaunch). The collector is off meanwhile and
+    what was built is frozen, as CPython's gc documentation advises a pre-forking server. A job
+    without torch still saves the start."""
+    import gc
+    import importlib
+
+    from dcp_invariant import torch_first_use
+
+    gc.disable()
+    try:
+        for module in ("torch", *torch_first_use.MODULES):
+            with contextlib.suppress(ImportError):  # absent from this torch release, or no torch
+                importlib.import_module(module)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def _keep(conn: socket.socket, request: dict[str, Any]) -> None:

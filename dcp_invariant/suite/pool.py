@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dcp_invariant import canonical
+from dcp_invariant import canonical, torch_first_use
 from dcp_invariant.errors import Error, StartMethodError
 from dcp_invariant.evidence.families.records import GroupRecord, RaisedRecord
 from dcp_invariant.suite import fixture_imports, reaper, worker
@@ -37,18 +37,14 @@ from dcp_invariant.suite import fixture_imports, reaper, worker
 if TYPE_CHECKING:  # scenarios/ imports this module: the import is for mypy alone
     from dcp_invariant.suite.scenarios.payloads import Call
 
-# What workers import, including what torch 2.13 imports lazily on a worker's first
-# optimizer step, DCP save and DTensor op (torch._dynamo alone is about 0.8 s). A module
-# missing from another torch release is skipped by the fork server.
+# What workers import, including what torch imports lazily on first use
+# (:mod:`dcp_invariant.torch_first_use`). A module missing from another torch release is
+# skipped by the fork server.
 PRELOAD = [
     "dcp_invariant.ranks.tasks",
     "dcp_invariant.ranks.fixture_tasks",
     "dcp_invariant.suite.registered_fixture",
-    "numpy.random",
-    "torch._dynamo",
-    "torch.distributed.checkpoint._fsspec_filesystem",
-    "torch.profiler._cupti_monitor",
-    "torch.utils.serialization",
+    *torch_first_use.MODULES,
 ]
 # How many spawned workers wait, imported and idle, for their one job. Imports keep both cores
 # busy either way, and each idle one left at the end is ~3 s of CPU spent for nothing.
