@@ -153,23 +153,38 @@ def check(options: Options, launches: Launches) -> Outcome:
     library = interposer.library()
     with tempfile.TemporaryDirectory(prefix="dcp-invariant-preempt-") as scratch:
         root = Path(scratch)
-        first = _instrumented(options, launches, library, root / "launch-1", None)
-        points = operations.chosen(first.operations, options.crash_points)
-        found = dict(zip(first.operations, operations.identities(first.operations), strict=True))
-        chosen = {found[p]: p for p in points}
-        terms = {
-            found[p]: p for p in operations.terminated(first.operations, options.sigterm_points)
-        }
-        second, third, signalled, unjudged = _launched_together(
-            options, launches, library, root, set(chosen), terms
-        )
-        _agree(options, first, second)
-        crash_states, varied = _one_state_each(chosen, second.taken, third.taken)
-        crash_states |= signalled
-        varied |= unjudged
-        if not crash_states:
-            _nothing_judged(varied)
-        relaunches, tails = _relaunch_all(options, launches, root, crash_states, first.run_dir)
+        starting = _ServerStart(options, root, library)
+        try:
+            first = _instrumented(options, launches, library, root / "launch-1", None, None)
+            outcome = _from_the_first(options, launches, library, root, first, starting.get())
+        finally:
+            starting.close()
+    return outcome
+
+
+def _from_the_first(
+    options: Options,
+    launches: Launches,
+    library: Path,
+    root: Path,
+    first: _Run,
+    server: relaunch_server.Client | None,
+) -> Outcome:
+    """Everything after the first launch: the crash states, their relaunches, the verdicts."""
+    points = operations.chosen(first.operations, options.crash_points)
+    found = dict(zip(first.operations, operations.identities(first.operations), strict=True))
+    chosen = {found[p]: p for p in points}
+    terms = {found[p]: p for p in operations.terminated(first.operations, options.sigterm_points)}
+    second, third, signalled, unjudged = _launched_together(
+        options, launches, library, root, server, set(chosen), terms
+    )
+    _agree(options, first, second, forked=server is not None)
+    crash_states, varied = _one_state_each(chosen, second.taken, third.taken)
+    crash_states |= signalled
+    varied |= unjudged
+    if not crash_states:
+        _nothing_judged(varied)
+    relaunches, tails = _relaunch_all(options, launches, server, crash_states, first.run_dir)
     reasons = verdict.judged(
         first.operations, relaunches, first.steps, options.timeout, options.grace
     )
@@ -190,31 +205,47 @@ def _instrumented(
     launches: Launches,
     library: Path,
     root: Path,
+    server: relaunch_server.Client | None,
     chosen: set[Identity] | None,
 ) -> _Run:
     snapshots = root / "states"
     snapshots.mkdir(parents=True)
     run_dir, output = root / "run", root / "output.log"
     recorder = Recorder(root, run_dir, output, options.step_line, chosen, snapshots)
-    done = _launched(options, launches, library, recorder)
+    done = _launched(options, launches, library, recorder, server)
     steps = step_lines.steps(done.lines, options.step_line)
     run = _Run(run_dir, done, steps, recorder.operations, recorder.taken)
     _usable(options, run)
     return run
 
 
-def _launched(options: Options, launches: Launches, library: Path, recorder: Recorder) -> Launch:
-    """One launch of the command under the interposer, heard by ``recorder``."""
+def _launched(
+    options: Options,
+    launches: Launches,
+    library: Path,
+    recorder: Recorder,
+    server: relaunch_server.Client | None,
+) -> Launch:
+    """One launch of the command under the interposer, heard by ``recorder``: forked by
+    ``server`` where there is one (the interposer, preloaded there, starts reporting in the
+    job), else a fresh one."""
     recorder.run_dir.mkdir(parents=True)
     recorder.output.touch()
+    env = recorder.environment(library)
+    started = lambda pid: setattr(recorder, "leader", pid)  # noqa: E731
     with recorder.serving():
+        if server is not None:
+            return launches.forked(
+                server,
+                options.command,
+                recorder.run_dir,
+                recorder.output,
+                options.timeout,
+                env,
+                started,
+            )
         return launches.run(
-            options.command,
-            recorder.run_dir,
-            recorder.output,
-            options.timeout,
-            env=recorder.environment(library),
-            started=lambda pid: setattr(recorder, "leader", pid),
+            options.command, recorder.run_dir, recorder.output, options.timeout, env, started
         )
 
 
@@ -223,6 +254,7 @@ def _launched_together(
     launches: Launches,
     library: Path,
     root: Path,
+    server: relaunch_server.Client | None,
     chosen: set[Identity],
     terms: dict[Identity, Operation],
 ) -> tuple[_Run, _Run, dict[Point, Path], dict[Point, str]]:
@@ -235,11 +267,11 @@ def _launched_together(
             # Names of one length: DCP's .metadata holds its checkpoint's path (storage_meta),
             # so paths of other lengths would give states of other sizes.
             runs = [
-                pool.submit(_instrumented, options, launches, library, root / name, chosen)
+                pool.submit(_instrumented, options, launches, library, root / name, server, chosen)
                 for name in ("launch-2", "launch-3")
             ]
             signals = [
-                pool.submit(_signalled, options, launches, library, root / f"sigterm-{n:03d}", *it)
+                pool.submit(_signalled, options, launches, library, server, root / f"t{n:03d}", *it)
                 for n, it in enumerate(terms.items())
             ]
             second, third = (run.result() for run in runs)
@@ -255,6 +287,7 @@ def _signalled(
     options: Options,
     launches: Launches,
     library: Path,
+    server: relaunch_server.Client | None,
     at: Path,
     identity: Identity,
     operation: Operation,
@@ -270,7 +303,7 @@ def _signalled(
         terminate=identity,
         grace=options.grace,
     )
-    _launched(options, launches, library, recorder)
+    _launched(options, launches, library, recorder, server)
     why = None
     if not recorder.terminated:
         why = "the launch did not reach this operation alike, so it was never signalled"
@@ -311,8 +344,10 @@ def _usable(options: Options, run: _Run) -> None:
         )
 
 
-def _agree(options: Options, first: _Run, second: _Run) -> None:
-    """The two uninterrupted launches agree, or nothing can be judged: bad input."""
+def _agree(options: Options, first: _Run, second: _Run, forked: bool) -> None:
+    """The first two uninterrupted launches agree, or nothing can be judged: bad input. The
+    first is always a fresh interpreter; where the second was ``forked`` from the relaunch
+    server, this also checks that a forked launch runs the job as a fresh one does."""
     differs = step_lines.first_difference(first.steps, second.steps)
     if differs is None and options.final is not None:
         differs = final_state.first_difference(
@@ -324,7 +359,15 @@ def _agree(options: Options, first: _Run, second: _Run) -> None:
             f"two uninterrupted runs of the job differ ({differs}), so a resume cannot be "
             "judged: seed every generator, fix the thread count, use no data-loader workers or "
             "seed them, and use deterministic kernels (torch.use_deterministic_algorithms)"
+            + (_FORKED if forked else "")
         )
+
+
+_FORKED = (
+    "; or, if the job depends on importing torch afresh (the second run was forked from a "
+    "process that had imported it), start it with python -m or a launcher script, whose "
+    "every launch is fresh"
+)
 
 
 def _one_state_each(
@@ -361,12 +404,10 @@ def _nothing_judged(varied: dict[Point, str]) -> None:
 def _relaunch_all(
     options: Options,
     launches: Launches,
-    root: Path,
+    server: relaunch_server.Client | None,
     taken: dict[Point, Path],
     reference_dir: Path,
 ) -> tuple[dict[Point, verdict.Relaunch], dict[Point, list[str]]]:
-    server: relaunch_server.Client | None = None
-
     def one(item: tuple[Point, Path]) -> tuple[Point, verdict.Relaunch, list[str]]:
         point, state = item
         log = state.parent / f"{state.name}.log"
@@ -385,19 +426,14 @@ def _relaunch_all(
         shown = done.tail if error is None or error in done.tail else [error, "...", *done.tail]
         return point, record, shown
 
-    try:
-        server = _server_for(options, root) if taken else None
-        with ThreadPoolExecutor(max_workers=max(1, min(len(taken), _cores()))) as pool:
-            try:
-                results = list(pool.map(one, sorted(taken.items(), key=lambda kv: str(kv[1]))))
-            except BaseException:
-                # An interrupt: the pool's exit waits for its threads, each waiting for its
-                # launch, so the launches are killed first (the 2 s promise).
-                launches.stop_all()
-                raise
-    finally:
-        if server is not None:
-            server.close()
+    with ThreadPoolExecutor(max_workers=max(1, min(len(taken), _cores()))) as pool:
+        try:
+            results = list(pool.map(one, sorted(taken.items(), key=lambda kv: str(kv[1]))))
+        except BaseException:
+            # An interrupt: the pool's exit waits for its threads, each waiting for its
+            # launch, so the launches are killed first (the 2 s promise).
+            launches.stop_all()
+            raise
     return {k: r for k, r, _ in results}, {k: t for k, _, t in results}
 
 
@@ -405,9 +441,32 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _server_for(options: Options, root: Path) -> relaunch_server.Client | None:
-    """A server that forks each relaunch, for a ``python script.py ...`` command; None for any
-    other (``torchrun``, ``python -m``, a launcher script), which is launched afresh."""
+class _ServerStart:
+    """The relaunch server, started beside the first launch (its imports take about as long as
+    the launch does) and waited for once the launches after it need it."""
+
+    def __init__(self, options: Options, root: Path, library: Path) -> None:
+        self._client = _server_for(options, root, library)
+
+    def get(self) -> relaunch_server.Client | None:
+        if self._client is not None:
+            try:
+                self._client.ready()
+            except (OSError, RuntimeError, TimeoutError):
+                self._client = None  # fresh interpreters instead, as slower as faithful
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _server_for(options: Options, root: Path, library: Path) -> relaunch_server.Client | None:
+    """A server that forks each launch after the first, for a ``python script.py ...``
+    command, with the interposer preloaded (inactive until a job's environment names its
+    socket); None for any other command (``torchrun``, ``python -m``, a launcher script),
+    which is launched afresh."""
     program = shutil.which(options.command[0])
     script = options.command[1] if len(options.command) > 1 else ""
     if (
@@ -419,11 +478,12 @@ def _server_for(options: Options, root: Path) -> relaunch_server.Client | None:
         return None
     from dcp_invariant.preempt import relaunch_server
 
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    preload = f"{library} {os.environ.get('LD_PRELOAD', '')}".strip()
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "LD_PRELOAD": preload}
     try:
         return relaunch_server.Client(program, environment, str(root), options.timeout)
-    except (OSError, RuntimeError, TimeoutError):
-        return None  # the relaunches start fresh interpreters instead, as slower as faithful
+    except OSError:
+        return None  # the launches start fresh interpreters instead, as slower as faithful
 
 
 def report(outcome: Outcome) -> tuple[list[str], int]:

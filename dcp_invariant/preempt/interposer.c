@@ -51,18 +51,27 @@ static void forget_after_fork(void) {
     pthread_mutex_init(&lock, NULL);
 }
 
-__attribute__((constructor)) static void init(void) {
+/* Start reporting, as the environment says: at load, and again in a process forked from one
+ * that loaded the library inactive (preempt's relaunch server), once its environment names
+ * the socket. Returns whether it reports. */
+int dcp_invariant_preempt_activate(void) {
+    static int registered;
     const char *r = getenv("DCP_INVARIANT_PREEMPT_ROOT");
     const char *s = getenv("DCP_INVARIANT_PREEMPT_SOCKET");
     const char *k = getenv("RANK");
-    if (!r || !s || strlen(s) >= sizeof(sock_path) || !realpath(r, root)) return;
+    if (active) return 1;
+    if (!r || !s || strlen(s) >= sizeof(sock_path) || !realpath(r, root)) return 0;
     root_len = strlen(root);
     strcpy(sock_path, s);
     /* torchrun's ranks carry RANK; a plain `python train.py` is the job's one process. */
     if (k && *k && strlen(k) < sizeof(rank)) strcpy(rank, k);
-    pthread_atfork(NULL, NULL, forget_after_fork);
+    if (!registered) pthread_atfork(NULL, NULL, forget_after_fork);
+    registered = 1;
     active = 1;
+    return 1;
 }
+
+__attribute__((constructor)) static void init(void) { dcp_invariant_preempt_activate(); }
 
 /* PATH (relative to DIRFD) as a path under the root, normalised lexically; NULL if outside. */
 static char *relative(int dirfd, const char *path) {

@@ -123,10 +123,12 @@ class Launches:
         run_dir: Path,
         output: Path,
         timeout: float,
+        env: Mapping[str, str] | None = None,
+        started: Callable[[int], None] | None = None,
     ) -> Launch:
         """As :meth:`run`, the job forked by the relaunch server (``python script.py ...``)."""
         argv = filled(command, run_dir)[1:]
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         output.touch()
         with self._lock:
             if self.stopping:
@@ -135,6 +137,8 @@ class Launches:
             pid, conn = server.start(argv, os.getcwd(), environment, str(output))
             with self._lock:
                 self._live.add(pid)  # stop_all kills it: its keeper then answers at once
+            if started is not None:
+                started(pid)
             code = self._waited(server, conn, pid, timeout)
         text = output.read_text(encoding="utf-8", errors="replace")
         return Launch(code, text.splitlines())

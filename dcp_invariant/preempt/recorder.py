@@ -31,10 +31,7 @@ from pathlib import Path
 from dcp_invariant.evidence.preempt.operations import Identity, Numbering, Occurrences, Operation
 from dcp_invariant.evidence.preempt.step_lines import steps
 from dcp_invariant.preempt import launch
-from dcp_invariant.preempt.sockets import socket_directory
-
-SOCKET_ENV = "DCP_INVARIANT_PREEMPT_SOCKET"
-ROOT_ENV = "DCP_INVARIANT_PREEMPT_ROOT"
+from dcp_invariant.preempt.sockets import ROOT_ENV, SOCKET_ENV, socket_directory
 
 
 class Recorder:

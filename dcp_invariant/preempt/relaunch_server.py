@@ -1,14 +1,16 @@
-"""Relaunches of a ``python script.py ...`` job that do not pay for a fresh interpreter
-importing torch: a server that imported torch once forks each relaunch, which runs the script
-as ``python script.py`` would (``runpy.run_path`` under ``__main__``, ``sys.argv`` and
+"""Launches of a ``python script.py ...`` job that do not pay for a fresh interpreter
+importing torch: a server that imported torch once forks each launch after the first (the
+instrumented ones, with the interposer it preloaded, and the relaunches), which runs the
+script as ``python script.py`` would (``runpy.run_path`` under ``__main__``, ``sys.argv`` and
 ``sys.path[0]`` as the interpreter sets them, the working directory and environment of the
 launch, its own session, its output to the launch's file).
 
 Not faithful where the job depends on what importing torch read before the fork: variables
 torch reads at import (``OMP_NUM_THREADS`` and the like) are the launch's own, as the server
 starts with the launch's environment; modules the server imported are not imported again;
-and at its end the modules are not torn down (:func:`_exit`). docs/preempt.md says so. The two uninterrupted launches, which every relaunch is judged
-against, are always fresh interpreters.
+and at its end the modules are not torn down (:func:`_exit`). docs/preempt.md says so. The
+first launch, which every other is judged against, is always a fresh interpreter, and the
+second, forked, must agree with it.
 
 Protocol, per relaunch, on a Unix socket: the tool sends one JSON line ``{"argv", "cwd",
 "env", "output"}``; the server forks a keeper, which forks the job, writes the job's PID, waits
@@ -27,6 +29,8 @@ from typing import Any
 
 if sys.platform == "win32":  # fork and Unix sockets; preempt refuses other systems first
     raise ImportError("preempt's relaunch server runs on Linux")
+
+from dcp_invariant.preempt.sockets import SOCKET_ENV  # after the refusal above
 
 SERVER_CODE = """
 import sys
@@ -127,6 +131,8 @@ def _run_job(request: dict[str, Any]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    if SOCKET_ENV in os.environ:
+        _report_operations()
     script = request["argv"][0]
     sys.argv = list(request["argv"])
     # As `python script.py` sets it: the script's directory, then the interpreter's own path
@@ -166,6 +172,17 @@ def _exit(code: int) -> None:
             with contextlib.suppress(OSError, ValueError):  # as a failed flush at exit is lost
                 stream.flush()
     os._exit(code & 0xFF)
+
+
+def _report_operations() -> None:
+    """An instrumented launch, forked: the server was started with the interposer preloaded and
+    inactive (no socket named), and this job's environment names its socket, so the interposer
+    starts reporting now, as it does at load in a fresh launch."""
+    import ctypes
+
+    # A preloaded library's symbols are in the process's global namespace.
+    if not ctypes.CDLL(None).dcp_invariant_preempt_activate():
+        raise RuntimeError("the interposer is not preloaded, or its directory is gone")
 
 
 def _die_with(parent: int) -> None:
@@ -213,9 +230,16 @@ class Client:
             env=env,
             start_new_session=True,
         )
+        self._timeout = timeout
+
+    def ready(self) -> None:
+        """Wait until the server has imported what it preloads (RuntimeError: it failed). Its
+        imports take about as long as a launch of the job, so the tool starts it first and
+        waits here once it needs it. Started from the thread that waits: the kernel kills the
+        server when that thread ends (``PR_SET_PDEATHSIG`` follows the thread)."""
         assert self.process.stdout is not None
         try:
-            ready = _read_line(self.process.stdout.fileno(), timeout)
+            ready = _read_line(self.process.stdout.fileno(), self._timeout)
         except BaseException:  # an interrupt while it starts: it must not outlive the tool
             self.close()
             raise
