@@ -423,7 +423,9 @@ def _relaunch_all(
         steps = step_lines.steps(done.lines, options.step_line)
         record: verdict.Relaunch = {"exit_code": done.exit_code, "steps": steps, "final": final}
         error = done.first_error
-        shown = done.tail if error is None or error in done.tail else [error, "...", *done.tail]
+        shown = done.tail
+        if error is not None and error not in done.tail[-_SHOWN:]:
+            shown = [error, "...", *done.tail]
         return point, record, shown
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(taken), _cores()))) as pool:
@@ -522,10 +524,14 @@ def report(outcome: Outcome) -> tuple[list[str], int]:
     return lines, 1 if failed else 0
 
 
+# A failed relaunch's last lines in the report.
+_SHOWN = 5
+
+
 def _relaunch_output(tail: list[str]) -> list[str]:
     """A failed relaunch's output: the first exception it named, where that is not among its
     last lines (a launcher's summary can end them), then its last lines."""
     error_first = tail[1:2] == ["..."]
-    shown = tail[:2] + tail[-5:] if error_first else tail[-5:]
+    shown = tail[:2] + tail[-_SHOWN:] if error_first else tail[-_SHOWN:]
     what = "first error and last lines" if error_first else "last lines"
     return [f"      the first relaunch's {what}:", *(f"      | {line[:200]}" for line in shown)]
