@@ -148,6 +148,22 @@ def test_a_job_that_saves_on_sigterm_passes(tmp_path: Path) -> None:
     assert passed.count("sent SIGTERM before") == 2, done.stdout
 
 
+@SLOW
+def test_a_job_under_accelerate_launch_is_heard_through_the_launcher(tmp_path: Path) -> None:
+    """``accelerate launch`` starts the job as a child process: its writes are heard as the
+    job's, and the job's own error leads the relaunch's output, not accelerate's."""
+    pytest.importorskip("accelerate")  # imports no torch
+    accelerate = str(Path(sys.executable).parent / "accelerate")  # its console script
+    launcher = (accelerate, "launch", "--cpu", "--num_processes", "1")
+    job = (*launcher, "single_process.py", "{run_dir}", "--save", "in_place")
+    done = preempt(tmp_path, *job, points=6, options=("--sigterm-points", "0"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    causes, points = failures(done.stdout)
+    assert causes == [f"FAIL  {diagnosis.CANNOT_RESUME}: at 2 of 6 crash points"], done.stdout
+    assert all("(write ckpt.pt)" in p for p in points), points
+    assert "first error and last lines:\n      | OSError: " in done.stdout, done.stdout
+
+
 def async_job(tmp_path: Path, latest: str) -> subprocess.CompletedProcess[str]:
     job = (sys.executable, "async_steps.py", "{run_dir}", "--latest", latest)
     return preempt(tmp_path, *job, points=8, options=("--sigterm-points", "0"))
