@@ -70,8 +70,10 @@ def _add_loop_options(command: argparse.ArgumentParser, *, fixture_required: boo
         required=fixture_required,
         metavar="MODULE:CALLABLE",
         help=("" if fixture_required else "check your own training loop: ")
-        + "CALLABLE(rank, world_size) returns an app with state_dict(), load_state_dict(sd) "
-        "and step() -> float (the current directory is importable)",
+        + "CALLABLE(rank, world_size) returns an app with step() -> float and either "
+        "state_dict() and load_state_dict(sd) (checkpointed through DCP) or save(dir) and "
+        "load(dir) (it checkpoints itself; with state_dict() too, what it loaded is compared); "
+        "docs/fixtures.md (the current directory is importable)",
     )
     command.add_argument(
         "--steps-before",
