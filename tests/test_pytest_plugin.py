@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 
@@ -40,19 +41,27 @@ def report_of(failed: bool, artifact: Path | None) -> Report:
     )
 
 
-class FakeCheck:
-    """Stands in for dcp_invariant.check: records each call, returns a report whose artifact
-    is the output directory it was given (as the real one does)."""
+R = TypeVar("R")
 
-    def __init__(self, failed: bool = False) -> None:
-        self.failed = failed
+
+class Fake(Generic[R]):
+    """Stands in for dcp_invariant.check or check_job: records each call, returns a report
+    (made by ``made``) whose evidence is in the output directory it was given, as the real
+    ones do."""
+
+    def __init__(self, made: Callable[[bool, Path], R], failed: bool = False) -> None:
+        self.made, self.failed = made, failed
         self.calls: list[tuple[object, dict[str, Any]]] = []
-        self.reports: list[Report] = []
+        self.reports: list[R] = []
 
-    def __call__(self, fixture: object, **options: Any) -> Report:
-        self.calls.append((fixture, options))
-        self.reports.append(report_of(self.failed, Path(options["output_dir"])))
+    def __call__(self, what: object, **options: Any) -> R:
+        self.calls.append((what, options))
+        self.reports.append(self.made(self.failed, Path(options["output_dir"])))
         return self.reports[-1]
+
+
+def FakeCheck(failed: bool = False) -> Fake[Report]:  # reads as the class it makes
+    return Fake(report_of, failed)
 
 
 # --- the Checker a test gets ---------------------------------------------------------------
@@ -209,18 +218,8 @@ def job_report_of(failed: bool, output_dir: Path | None) -> JobReport:
     return JobReport(not failed, points, (), evidence, tuple(lines))
 
 
-class FakeCheckJob:
-    """Stands in for dcp_invariant.check_job, as FakeCheck for check."""
-
-    def __init__(self, failed: bool = False) -> None:
-        self.failed = failed
-        self.calls: list[tuple[object, dict[str, Any]]] = []
-        self.reports: list[JobReport] = []
-
-    def __call__(self, command: object, **options: Any) -> JobReport:
-        self.calls.append((command, options))
-        self.reports.append(job_report_of(self.failed, Path(options["output_dir"])))
-        return self.reports[-1]
+def FakeCheckJob(failed: bool = False) -> Fake[JobReport]:  # as FakeCheck
+    return Fake(job_report_of, failed)
 
 
 def test_each_check_job_writes_to_a_directory_of_its_own_numbered_with_the_checks(
