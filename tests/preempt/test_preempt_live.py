@@ -298,6 +298,29 @@ def test_a_trainer_job_resuming_from_get_last_checkpoint_cannot_resume(tmp_path:
     assert "| FileNotFoundError: " in done.stdout, done.stdout
 
 
+@SLOW
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="needs the loops extra"
+)
+def test_the_trainer_job_at_two_processes_cannot_resume_inside_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The same job under torchrun (CPU, gloo), each rank writing its rng_state_{rank}.pth:
+    a kill inside checkpoint-N crash-loops as at one process. Its silent wrong resume, a
+    checkpoint-N whole but for rng_state_1.pth (Trainer._load_rng_state skips a missing one at
+    INFO level), needs rank 1 dead while rank 0 goes on to trainer_state.json: no crash point
+    leaves it, as each stops both ranks at one instant and rank 1 writes its file while rank 0
+    is still at the checkpoint's first files (docs/preempt.md)."""
+    job = (*TWO_RANKS, "hf_trainer.py", "{run_dir}")
+    options = ("--sigterm-points", "0")
+    done = preempt(tmp_path, *job, points=6, options=options, final="final/model.safetensors")
+    assert done.returncode == 1, done.stdout + done.stderr
+    causes, points = failures(done.stdout)
+    assert len(causes) == 1 and causes[0].startswith(f"FAIL  {diagnosis.CANNOT_RESUME}: "), causes
+    assert points and all("checkpoint-" in p for p in points), points
+    assert "ranks 0, 1" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("signame", "after"),
     [("SIGINT", 1.5), ("SIGTERM", 5.0), ("SIGTERM", 6.0), ("SIGTERM", 7.0)],
