@@ -182,9 +182,11 @@ def _from_the_first(
     crash_states, varied = _one_state_each(chosen, second.taken, third.taken)
     crash_states |= signalled
     varied |= unjudged
-    if not crash_states:
+    spares = {operations.point("kill", chosen[k]): third.taken[k] for k in third.taken}
+    relaunches, tails, flaky = _relaunch_all(options, launches, server, crash_states, spares, first)
+    varied |= flaky
+    if not relaunches:
         _nothing_judged(varied)
-    relaunches, tails = _relaunch_all(options, launches, server, crash_states, first.run_dir)
     reasons = verdict.judged(
         first.operations, relaunches, first.steps, options.timeout, options.grace
     )
@@ -406,27 +408,29 @@ def _relaunch_all(
     launches: Launches,
     server: relaunch_server.Client | None,
     taken: dict[Point, Path],
-    reference_dir: Path,
-) -> tuple[dict[Point, verdict.Relaunch], dict[Point, list[str]]]:
-    def one(item: tuple[Point, Path]) -> tuple[Point, verdict.Relaunch, list[str]]:
+    spares: dict[Point, Path],
+    first: _Run,
+) -> tuple[dict[Point, verdict.Relaunch], dict[Point, list[str]], dict[Point, str]]:
+    """Each crash state relaunched, in parallel where cores are free: the relaunches, their
+    output to show, and the points not judged, with why. A relaunch that does not end as the
+    uninterrupted run did is run again on an untouched copy of its state (``spares``: the
+    third launch's), and a point whose two relaunches end otherwise is not judged: a job that
+    fails now and then at its end (a thread torn down as the interpreter exits) would else
+    read as a crash-loop."""
+
+    def one(item: tuple[Point, Path]) -> tuple[Point, verdict.Relaunch, list[str], str | None]:
         point, state = item
-        log = state.parent / f"{state.name}.log"
-        if server is not None:
-            done = launches.forked(server, options.command, state, log, options.timeout)
-        else:
-            done = launches.run(options.command, state, log, options.timeout)
-        final = None
-        if options.final is not None and done.exit_code == 0:
-            final = final_state.first_difference(
-                reference_dir / options.final, state / options.final
-            )
-        steps = step_lines.steps(done.lines, options.step_line)
-        record: verdict.Relaunch = {"exit_code": done.exit_code, "steps": steps, "final": final}
-        error = done.first_error
-        shown = done.tail
-        if error is not None and error not in done.tail[-_SHOWN:]:
-            shown = [error, "...", *done.tail]
-        return point, record, shown
+        record, shown = _relaunched(options, launches, server, state, first.run_dir)
+        spare = spares.get(point)
+        if spare is None or not _differs(record, first.steps):
+            return point, record, shown, None
+        again = state.with_name(f"{state.name}-again")
+        shutil.copytree(spare, again, symlinks=True)
+        other, _ = _relaunched(options, launches, server, again, first.run_dir)
+        if other == record:
+            return point, record, shown, None
+        said = f"{_ended(record)}, then {_ended(other)}"
+        return point, record, shown, f"two relaunches on this one state ended otherwise ({said})"
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(taken), _cores()))) as pool:
         try:
@@ -436,7 +440,53 @@ def _relaunch_all(
             # launch, so the launches are killed first (the 2 s promise).
             launches.stop_all()
             raise
-    return {k: r for k, r, _ in results}, {k: t for k, _, t in results}
+    judged = [(k, r, t) for k, r, t, why in results if why is None]
+    flaky = {k: why for k, _, _, why in results if why is not None}
+    return {k: r for k, r, _ in judged}, {k: t for k, _, t in judged}, flaky
+
+
+def _relaunched(
+    options: Options,
+    launches: Launches,
+    server: relaunch_server.Client | None,
+    state: Path,
+    reference_dir: Path,
+) -> tuple[verdict.Relaunch, list[str]]:
+    """One relaunch on ``state``: its record, and the output to show if it failed (its first
+    error where its last lines miss it)."""
+    log = state.parent / f"{state.name}.log"
+    if server is not None:
+        done = launches.forked(server, options.command, state, log, options.timeout)
+    else:
+        done = launches.run(options.command, state, log, options.timeout)
+    final = None
+    if options.final is not None and done.exit_code == 0:
+        final = final_state.first_difference(reference_dir / options.final, state / options.final)
+    steps = step_lines.steps(done.lines, options.step_line)
+    record: verdict.Relaunch = {"exit_code": done.exit_code, "steps": steps, "final": final}
+    error = done.first_error
+    shown = done.tail
+    if error is not None and error not in done.tail[-_SHOWN:]:
+        shown = [error, "...", *done.tail]
+    return record, shown
+
+
+def _differs(relaunch: verdict.Relaunch, reference: dict[int, list[str]]) -> bool:
+    """The relaunch did not end as the uninterrupted run did: an exit code, a step or the final
+    state."""
+    return (
+        relaunch["exit_code"] != 0
+        or relaunch["final"] is not None
+        or step_lines.first_difference(reference, relaunch["steps"]) is not None
+    )
+
+
+def _ended(relaunch: verdict.Relaunch) -> str:
+    code = relaunch["exit_code"]
+    if code is None:
+        return "timed out"
+    first = f"from step {min(relaunch['steps'])}" if relaunch["steps"] else "with no step"
+    return f"exit code {code}, {first}" + (", another final state" if relaunch["final"] else "")
 
 
 def _cores() -> int:

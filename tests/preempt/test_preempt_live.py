@@ -116,6 +116,31 @@ def test_a_save_replaced_atomically_passes_at_every_point(tmp_path: Path) -> Non
     assert failures(done.stdout) == ([], [])
 
 
+def test_a_relaunch_that_fails_only_once_on_a_state_is_not_judged(tmp_path: Path) -> None:
+    """The job aborts the first time it resumes from each checkpoint, as a job whose end is
+    flaky does: a failing relaunch runs again on an untouched copy of its state, and a point
+    whose two relaunches end otherwise is a skip, not `cannot resume`."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    job = (sys.executable, "single_process.py", "{run_dir}", "--save", "atomic")
+    done = preempt(
+        tmp_path,
+        *job,
+        "--abort-first-resume",
+        str(seen),
+        points=6,
+        options=("--sigterm-points", "0"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert failures(done.stdout) == ([], []), done.stdout
+    skips = [line for line in done.stdout.splitlines() if line.startswith("skip  ")]
+    assert skips and all(
+        "two relaunches on this one state ended otherwise (exit code -6, with no step, then exit "
+        "code 0, from step " in line
+        for line in skips
+    ), done.stdout
+
+
 def sigterm_job(tmp_path: Path, on_sigterm: str) -> subprocess.CompletedProcess[str]:
     job = (sys.executable, "single_process.py", "{run_dir}", "--save", "atomic", "--steps", "6")
     options = ("--sigterm-points", "2", "--grace", "20")

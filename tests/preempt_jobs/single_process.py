@@ -14,6 +14,7 @@ so its relaunch draws other batches.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import signal
 import sys
@@ -26,6 +27,9 @@ parser.add_argument("--save", choices=["in_place", "atomic"], required=True)
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--every", type=int, default=2)
 parser.add_argument("--on-sigterm", choices=["die", "save", "save_without_rng"], default="die")
+# A job that fails now and then as it resumes, whatever it resumes from: the first resume from
+# each checkpoint (its bytes named in this directory) aborts, the next goes on.
+parser.add_argument("--abort-first-resume", metavar="DIR")
 args = parser.parse_args()
 stopping: list[int] = []
 if args.on_sigterm != "die":
@@ -37,6 +41,12 @@ torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 start = 0
+if os.path.exists(ckpt) and args.abort_first_resume:
+    with open(ckpt, "rb") as saved:
+        seen = os.path.join(args.abort_first_resume, hashlib.sha256(saved.read()).hexdigest())
+    if not os.path.exists(seen):
+        open(seen, "w").close()
+        os.abort()
 if os.path.exists(ckpt):
     state = torch.load(ckpt)
     model.load_state_dict(state["model"])
