@@ -188,7 +188,12 @@ def _from_the_first(
     if not relaunches:
         _nothing_judged(varied)
     reasons = verdict.judged(
-        first.operations, relaunches, first.steps, options.timeout, options.grace
+        first.operations,
+        relaunches,
+        first.steps,
+        options.timeout,
+        options.grace,
+        final_compared=options.final is not None,
     )
     return Outcome(first.steps, first.operations, relaunches, reasons, varied, tails, options.grace)
 
@@ -422,7 +427,7 @@ def _relaunch_all(
         point, state = item
         record, shown = _relaunched(options, launches, server, state, first.run_dir)
         spare = spares.get(point)
-        if spare is None or not _differs(record, first.steps):
+        if spare is None or not _differs(record, first.steps, options.final is not None):
             return point, record, shown, None
         again = state.with_name(f"{state.name}-again")
         shutil.copytree(spare, again, symlinks=True)
@@ -471,13 +476,16 @@ def _relaunched(
     return record, shown
 
 
-def _differs(relaunch: verdict.Relaunch, reference: dict[int, list[str]]) -> bool:
+def _differs(
+    relaunch: verdict.Relaunch, reference: dict[int, list[str]], final_compared: bool
+) -> bool:
     """The relaunch did not end as the uninterrupted run did: an exit code, a step or the final
-    state."""
+    state (a step past the end counts as the verdict counts it, :func:`.verdict.judged`)."""
+    steps = relaunch["steps"]
     return (
         relaunch["exit_code"] != 0
         or relaunch["final"] is not None
-        or step_lines.first_difference(reference, relaunch["steps"]) is not None
+        or step_lines.first_difference(reference, steps, not final_compared) is not None
     )
 
 

@@ -1,5 +1,6 @@
 """What a crash state holds, as far as a job's discovery can tell: each name under the run
-directory, its kind, its size and a symlink's target. Two snapshots of one crash point, taken
+directory (a randomly named temporary file by its shape, :func:`.operations.shape`), its kind,
+its size and a symlink's target. Two snapshots of one crash point, taken
 by two launches, are one state of the job when these agree.
 
 With several processes (torchrun's ranks, a writer thread), where the others were when one
@@ -12,16 +13,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dcp_invariant.evidence.preempt.operations import shape
+
 Entry = tuple[str, str, int, str]  # relative path, kind, size, symlink target
 
 
 def manifest(root: Path) -> list[Entry]:
     """Every entry under ``root``, sorted; symlinks are not followed."""
     entries: list[Entry] = []
+    seen: dict[str, int] = {}
     for directory, dirs, files in os.walk(root):
         for name in sorted(dirs + files):
             path = Path(directory, name)
-            relative = path.relative_to(root).as_posix()
+            relative = shape(path.relative_to(root).as_posix())
+            seen[relative] = seen.get(relative, 0) + 1
+            if seen[relative] > 1:  # two temporary files of one shape: both are kept
+                relative += f"#{seen[relative]}"
             if path.is_symlink():
                 entries.append((relative, "symlink", 0, os.readlink(path)))
             elif path.is_dir():

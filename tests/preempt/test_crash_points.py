@@ -111,3 +111,10 @@ def test_an_operation_is_found_again_by_what_it_did_not_its_number() -> None:
         ("main", "write", "ckpt.pt", "", 0),
         ("main", "write", "ckpt.pt", "", 1),
     ]
+
+
+def test_a_randomly_named_temporary_file_is_found_again_by_its_shape() -> None:
+    first = ops(("truncate-open", ".tmpAb12Cd", 2), ("write", ".tmpAb12Cd", 2))
+    again = ops(("truncate-open", ".tmpZz99Yy", 2), ("write", ".tmpZz99Yy", 2))
+    assert identities(first) == identities(again)
+    assert identities(ops(("write", "ckpt.pt.tmp", 2)))[0][2] == "ckpt.pt.tmp"  # a fixed name

@@ -38,3 +38,12 @@ def test_another_rank_further_on_is_another_state(tmp_path: Path) -> None:
     )
     three = state(tmp_path / "c", {"step-2/__1_0.distcp": b"ab"}, link="step-2")
     assert first_difference(one, three) == "latest: absent the first time, -> step-2 the second"
+
+
+def test_a_temporary_file_is_compared_by_its_shape_not_its_random_name(tmp_path: Path) -> None:
+    """safetensors writes model.safetensors as .tmpXXXXXX, another name in every launch."""
+    one = state(tmp_path / "a", {"final/.tmpAb12Cd": b"abc", "final/config.json": b"{}"})
+    two = state(tmp_path / "b", {"final/.tmpZz99Yy": b"abc", "final/config.json": b"{}"})
+    assert first_difference(one, two) is None
+    three = state(tmp_path / "c", {"final/.tmpQq11Rr": b"ab", "final/config.json": b"{}"})
+    assert first_difference(one, three) == "final/tmp*: 3 bytes the first time, 2 bytes the second"

@@ -96,3 +96,24 @@ def test_a_sigterm_point_is_named_by_its_signal_and_judged_alike() -> None:
         f"{diagnosis.LOST_CHECKPOINT}: sent SIGTERM before rank main operation 3 (truncate-open "
         "ckpt.tmp), after step 4 (SIGKILL 30 s later): the relaunch started over"
     )
+
+
+def test_a_step_past_the_end_counts_only_where_the_final_state_cannot_say() -> None:
+    """Trainer resumed from its last checkpoint runs one more training_step, which prints a
+    step line past the end and changes no weight: with --final equal, that is no difference."""
+    operations = two_saves()
+    extra = relaunch(first=3)
+    extra["steps"][5] = ["e"]
+    relaunches: dict[Point, Relaunch] = {
+        ("kill", "main", 3): relaunch(first=3),
+        ("kill", "main", 4): extra,
+    }
+    assert (
+        judged(operations, relaunches, REFERENCE, 60, 30, final_compared=True)[("kill", "main", 4)]
+        == []
+    )
+    (reason,) = judged(operations, relaunches, REFERENCE, 60, 30)[("kill", "main", 4)]
+    assert reason.endswith("step 5 was printed, which the uninterrupted run never reached")
+    extra["final"] = "w.pt: its bytes differ"  # the extra step changed what the job keeps
+    reasons = judged(operations, relaunches, REFERENCE, 60, 30, final_compared=True)
+    assert len(reasons[("kill", "main", 4)]) == 2

@@ -15,6 +15,7 @@ printed a later step, so training went on after it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -100,11 +101,24 @@ def key(operation: Operation) -> tuple[str, int]:
     return (operation.rank, operation.index)
 
 
-# What finds an operation again in another launch: its process, kind and paths, and how many
-# times that process had made the same operation before. Not its number among all of the
+# What finds an operation again in another launch: its process, kind and paths (their shape),
+# and how many times that process had made the same operation before. Not its number among all of the
 # process's operations: a harmless race (which rank makes a shared parent directory) shifts
 # every later number, and each point would be lost.
 Identity = tuple[str, Op, str, str, int]
+
+
+# A temporary file's random name, as Python's tempfile (tmpXXXXXXXX) and Rust's tempfile crate
+# (.tmpXXXXXX, what safetensors writes model.safetensors through) make it: another in every
+# launch, so it is compared by its shape.
+_RANDOM_TEMPORARY = re.compile(r"\.?tmp[A-Za-z0-9_]{6,8}")
+
+
+def shape(path: str) -> str:
+    """``path`` with each randomly named temporary component masked (``.tmp*``)."""
+    return "/".join(
+        "tmp*" if _RANDOM_TEMPORARY.fullmatch(part) else part for part in path.split("/")
+    )
 
 
 class Occurrences:
@@ -114,7 +128,7 @@ class Occurrences:
         self._made: dict[tuple[str, Op, str, str], int] = {}
 
     def of(self, operation: Operation) -> Identity:
-        made = (operation.rank, operation.op, operation.path, operation.target)
+        made = (operation.rank, operation.op, shape(operation.path), shape(operation.target))
         before = self._made.get(made, 0)
         self._made[made] = before + 1
         return (*made, before)

@@ -138,7 +138,12 @@ def problems(record: Any) -> list[str]:
     except (TypeError, ValueError) as exc:
         return [f"{PREEMPT_FILE}: {exc}"]
     derived = verdict.judged(
-        operations, relaunches, reference, float(record["timeout"]), float(record["grace"])
+        operations,
+        relaunches,
+        reference,
+        float(record["timeout"]),
+        float(record["grace"]),
+        final_compared=record["final"] is not None,
     )
     out = []
     for r in record["relaunches"]:

@@ -59,15 +59,23 @@ def steps(lines: Iterable[str], regex: re.Pattern[str]) -> Steps:
     return {step: sorted(losses) for step, losses in sorted(found.items())}
 
 
-def first_difference(expected: Mapping[int, list[str]], got: Mapping[int, list[str]]) -> str | None:
+def first_difference(
+    expected: Mapping[int, list[str]], got: Mapping[int, list[str]], past_the_end: bool = True
+) -> str | None:
     """Where ``got`` first parts from ``expected``, over the steps ``got`` printed and the last
-    one ``expected`` reached; None when every printed step matches and the run got as far."""
+    one ``expected`` reached; None when every printed step matches and the run got as far.
+    Without ``past_the_end``, a step after the last one ``expected`` reached is no difference:
+    the caller knows the final state is the same (Hugging Face's Trainer, resumed from its last
+    checkpoint, runs one more training_step that changes no weight)."""
+    last = max(expected, default=0)
     for step in sorted(got):
+        if step > last and not past_the_end:
+            continue
         if step not in expected:
             return f"step {step} was printed, which the uninterrupted run never reached"
         if got[step] != expected[step]:
             return f"step {step}: loss {_shown(got[step])}, the uninterrupted run {_shown(expected[step])}"
-    last, reached = max(expected, default=0), max(got, default=0)
+    reached = max(got, default=0)
     if reached < last:
         return f"it stopped after step {reached}; the uninterrupted run reached step {last}"
     return None

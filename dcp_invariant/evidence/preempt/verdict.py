@@ -44,8 +44,11 @@ def judged(
     reference: Mapping[int, list[str]],
     timeout: float,
     grace: float,
+    final_compared: bool = False,
 ) -> dict[Point, list[str]]:
-    """Each crash point's reasons (none: it passes), in the order the points occur."""
+    """Each crash point's reasons (none: it passes), in the order the points occur. With
+    ``final_compared`` (``--final`` given), a step printed after the uninterrupted run's last is
+    no difference where the final state is the same: it changed nothing the job keeps."""
     trusted = _trusted_saves(operations, relaunches, reference)
     verdicts = {}
     for operation in operations:
@@ -59,6 +62,7 @@ def judged(
                 reference,
                 _expected(operations, operation, trusted),
                 timeout,
+                final_compared,
             )
     return verdicts
 
@@ -96,6 +100,7 @@ def _reasons(
     reference: Mapping[int, list[str]],
     expected: int | None,
     timeout: float,
+    final_compared: bool,
 ) -> list[str]:
     code = relaunch["exit_code"]
     if code != 0:
@@ -112,7 +117,8 @@ def _reasons(
             f"{expected} was whole on disk and training had gone on after it"
         )
     if relaunch["steps"]:
-        differs = step_lines.first_difference(reference, relaunch["steps"])
+        same_end = final_compared and relaunch["final"] is None
+        differs = step_lines.first_difference(reference, relaunch["steps"], not same_end)
         if differs is not None:
             reasons.append(f"{OTHER_RESULT}: {where}: {differs}")
     if relaunch["final"] is not None:
