@@ -66,7 +66,7 @@ def first_difference(
     one ``expected`` reached; None when every printed step matches and the run got as far.
     Without ``past_the_end``, a step after the last one ``expected`` reached is no difference:
     the caller knows the final state is the same (Hugging Face's Trainer, resumed from its last
-    checkpoint, runs one more training_step that changes no weight)."""
+    checkpoint, runs one more training_step and leaves the same weights)."""
     last = max(expected, default=0)
     for step in sorted(got):
         if step > last and not past_the_end:
