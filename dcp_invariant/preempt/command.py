@@ -183,6 +183,7 @@ def _from_the_first(
     crash_states |= signalled
     varied |= unjudged
     spares = {operations.point("kill", chosen[k]): third.taken[k] for k in third.taken}
+    spares |= {point: state.parent / SPARE for point, state in signalled.items()}
     relaunches, tails, flaky = _relaunch_all(options, launches, server, crash_states, spares, first)
     varied |= flaky
     if not relaunches:
@@ -300,7 +301,8 @@ def _signalled(
     operation: Operation,
 ) -> tuple[Point, Path, str | None]:
     """One SIGTERM point's launch: its point, the state it left, and why it is not judged
-    (None: it is)."""
+    (None: it is). A state to judge is copied beside it (``spare``), untouched for a second
+    relaunch (:func:`_relaunch_all`), as the third launch's copies are for the SIGKILL points."""
     at.mkdir()
     recorder = Recorder(
         at,
@@ -319,7 +321,12 @@ def _signalled(
             f"the job was still running {options.grace:g} s after SIGTERM, so where SIGKILL "
             "found it is chance (the SIGKILL points cover such states)"
         )
+    else:
+        shutil.copytree(recorder.run_dir, at / SPARE, symlinks=True)
     return operations.point("term", operation), recorder.run_dir, why
+
+
+SPARE = "spare"
 
 
 def _usable(options: Options, run: _Run) -> None:

@@ -141,6 +141,20 @@ def test_a_relaunch_that_fails_only_once_on_a_state_is_not_judged(tmp_path: Path
     ), done.stdout
 
 
+def test_a_sigterm_points_relaunch_that_fails_only_once_is_not_judged(tmp_path: Path) -> None:
+    """As above, for the state a SIGTERM left: it is copied before its first relaunch."""
+    job = (sys.executable, "aborts_after_sigterm.py", "{run_dir}", "--save", "atomic")
+    options = ("--sigterm-points", "2", "--grace", "5")
+    done = preempt(tmp_path, *job, "--steps", "6", points=2, options=options)
+    assert done.returncode == 0, done.stdout + done.stderr
+    skips = [line for line in done.stdout.splitlines() if line.startswith("skip  ")]
+    assert len(skips) == 2 and all(
+        line.startswith("skip  sent SIGTERM before ")
+        and "two relaunches on this one state ended otherwise (exit code -6" in line
+        for line in skips
+    ), done.stdout
+
+
 def sigterm_job(tmp_path: Path, on_sigterm: str) -> subprocess.CompletedProcess[str]:
     job = (sys.executable, "single_process.py", "{run_dir}", "--save", "atomic", "--steps", "6")
     options = ("--sigterm-points", "2", "--grace", "20")
