@@ -15,6 +15,7 @@ relaunched on what each kill left, judged against its uninterrupted run.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -67,14 +68,17 @@ class Outcome:
     tails: dict[Point, list[str]]
     grace: float
 
+    @functools.cached_property
+    def _by_key(self) -> dict[tuple[str, int], tuple[int, Operation]]:
+        """Each operation with its position, by key: built once, as reports ask per point."""
+        return {operations.key(o): (i, o) for i, o in enumerate(self.operations)}
+
     def order(self, point: Point) -> tuple[int, int]:
         """Where ``point`` falls in the job's operations (a SIGKILL point first)."""
-        keys = [operations.key(o) for o in self.operations]
-        return keys.index(point[1:]), operations.HOWS.index(point[0])
+        return self._by_key[point[1:]][0], operations.HOWS.index(point[0])
 
     def described(self, point: Point) -> str:
-        by_key = {operations.key(o): o for o in self.operations}
-        return operations.described(point[0], by_key[point[1:]], self.grace)
+        return operations.described(point[0], self._by_key[point[1:]][1], self.grace)
 
 
 def checked_options(

@@ -88,7 +88,7 @@ class Launches:
     ) -> Launch:
         """Run ``command`` on ``run_dir`` from the caller's working directory; its stdout and
         stderr go to ``output`` (one file: the step lines of both are read in order)."""
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        environment = _environment(env)
         with output.open("wb") as sink, self._lock:
             if self.stopping:
                 raise InterruptedError("the run is being interrupted")
@@ -113,8 +113,7 @@ class Launches:
             proc.wait()
             with self._lock:
                 self._live.discard(proc.pid)
-        text = output.read_text(encoding="utf-8", errors="replace")
-        return Launch(code, text.splitlines())
+        return _ended(code, output)
 
     def forked(
         self,
@@ -128,7 +127,7 @@ class Launches:
     ) -> Launch:
         """As :meth:`run`, the job forked by the relaunch server (``python script.py ...``)."""
         argv = filled(command, run_dir)[1:]
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        environment = _environment(env)
         output.touch()
         with self._lock:
             if self.stopping:
@@ -140,8 +139,7 @@ class Launches:
             if started is not None:
                 started(pid)
             code = self._waited(server, conn, pid, timeout)
-        text = output.read_text(encoding="utf-8", errors="replace")
-        return Launch(code, text.splitlines())
+        return _ended(code, output)
 
     def _waited(
         self, server: relaunch_server.Client, conn: socket.socket, pid: int, timeout: float
@@ -161,6 +159,15 @@ class Launches:
             live = list(self._live)
         for pid in live:
             kill_tree(pid)
+
+
+def _environment(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The caller's environment, ``env`` over it, and Python's streams unbuffered."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
+def _ended(code: int | None, output: Path) -> Launch:
+    return Launch(code, output.read_text(encoding="utf-8", errors="replace").splitlines())
 
 
 def kill_tree(leader: int) -> None:
